@@ -1,0 +1,49 @@
+"""The `tidegate` command: one subcommand per process or tool.
+
+Each subcommand lives in the module that owns it and exposes
+`configure_parser(parser)` and `run(args) -> int` (the process's composition root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "controlplane": ("controlplane.main", "Run a control-plane instance (telemetry ingest, weights, etcd publisher, admin API)."),
+    "agent": ("agent.main", "Run the sidecar agent of one engine replica (NVML + engine metrics -> control plane)."),
+    "router": ("router.main", "Run an OpenAI-compatible router (front door) that routes by the tables in etcd."),
+    "sim": ("simulator.main", "Run the engine simulator: one simulated vLLM replica (HTTP API + /metrics)."),
+    "up": ("tidegate.fleet.up", "Start a complete local fleet: etcd, control plane, simulated replicas with agents, router."),
+    "demo": ("tidegate.fleet.demo", "Start a local fleet, replay a real trace through the router, print a report."),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tidegate",
+        description="Tidegate: SLO-aware traffic control for fleets of LLM inference engines.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, helptext) in COMMANDS.items():
+        mod = importlib.import_module(module)
+        p = sub.add_parser(name, help=helptext, description=helptext)
+        mod.configure_parser(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    mod = importlib.import_module(args._module)
+    try:
+        return int(mod.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Typed, frozen configuration shared by every process.
+
+Each process defines its own config model (a subclass of `ConfigBase`) in its
+package. Values are resolved in this order, later wins:
+
+    field defaults < YAML file section < TIDEGATE_<FIELD> < TIDEGATE_<SECTION>_<FIELD> < command-line flags
+
+The YAML file (`--config FILE`) holds one mapping per subcommand, e.g.
+``router: {port: 8080}``. Command-line flags are generated from the model's
+fields (``listen_port`` -> ``--listen-port``) with the field's description as
+help, so flags, YAML keys and environment variables cannot drift apart.
+Errors name the section, the field and the source of the bad value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "TIDEGATE_"
+
+C = TypeVar("C", bound="ConfigBase")
+
+
+class ConfigError(ValueError):
+    """Configuration is invalid; the message names the field and where it came from."""
+
+
+class ConfigBase(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    log_level: str = Field("info", description="Log level: debug, info, warning, error.")
+    log_json: bool | None = Field(
+        None, description="Log JSON lines (default: JSON unless stderr is a terminal)."
+    )
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        if v.lower() not in {"debug", "info", "warning", "error"}:
+            raise ValueError("must be one of debug, info, warning, error")
+        return v.lower()
+
+
+def parse_endpoints(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """'h1:p1,h2:p2' -> ('h1:p1', 'h2:p2'); validates host:port."""
+    if value is None or value == "":
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out = []
+    for item in items:
+        item = item.strip()
+        if not item:
+            continue
+        if item.startswith("http://"):
+            item = item[len("http://"):]
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not (0 < int(port) < 65536):
+            raise ValueError(f"{item!r} is not host:port")
+        out.append(item)
+    return tuple(out)
+
+
+class EtcdFields(BaseModel):
+    """Fields of every process that talks to etcd (mixed into their config)."""
+
+    etcd: tuple[str, ...] = Field(
+        (), description="etcd endpoints, comma-separated host:port (e.g. 127.0.0.1:2379,10.0.0.2:2379)."
+    )
+    etcd_timeout_s: float = Field(2.0, gt=0, description="Timeout of each etcd call, seconds.")
+
+    @field_validator("etcd", mode="before")
+    @classmethod
+    def _endpoints(cls, v: Any) -> tuple[str, ...]:
+        return parse_endpoints(v)
+
+
+# ---------------------------------------------------------------- argparse glue
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _base_type(annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _base_type(args[0]) if len(args) == 1 else str
+    return annotation
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type[ConfigBase], skip: set[str] | None = None) -> None:
+    """Add one flag per config field. Defaults are suppressed so that only flags the
+    user gave override the YAML file and the environment."""
+    skip = skip or set()
+    parser.add_argument(
+        "--config", type=Path, default=None, metavar="FILE",
+        help="YAML config file; its section for this subcommand sets any flag below.",
+    )
+    for name, field in cls.model_fields.items():
+        if name in skip:
+            continue
+        ann = _base_type(field.annotation)
+        default = field.default if field.default is not None else "none"
+        if callable(field.default_factory):  # pragma: no cover - no such fields today
+            default = "computed"
+        if isinstance(default, tuple):
+            default = ",".join(str(x) for x in default) or "none"
+        helptext = f"{field.description or ''} [env TIDEGATE_{name.upper()}; default: {default}]"
+        kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "help": helptext, "dest": name}
+        if ann is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["metavar"] = name.upper()
+        parser.add_argument(_flag(name), **kwargs)
+
+
+def _env_values(cls: type[ConfigBase], section: str, environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in cls.model_fields:
+        for key in (f"{ENV_PREFIX}{name.upper()}", f"{ENV_PREFIX}{section.upper()}_{name.upper()}"):
+            if key in environ:
+                out[name] = environ[key]
+    return out
+
+
+def _read_yaml(path: Path, section: str) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path}: top level must be a mapping of subcommand sections")
+    body = raw.get(section, {}) or {}
+    if not isinstance(body, dict):
+        raise ConfigError(f"config file {path}: section {section!r} must be a mapping")
+    return {str(k).replace("-", "_"): v for k, v in body.items()}
+
+
+def load(
+    cls: type[C],
+    section: str,
+    flags: Mapping[str, Any] | argparse.Namespace | None = None,
+    config_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> C:
+    """Resolve a config model from defaults, YAML, environment and flags."""
+    environ = os.environ if environ is None else environ
+    if isinstance(flags, argparse.Namespace):
+        flags = {k: v for k, v in vars(flags).items() if k in cls.model_fields}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if config_file is not None:
+        for k, v in _read_yaml(config_file, section).items():
+            values[k] = v
+            sources[k] = f"config file {config_file}"
+    for k, v in _env_values(cls, section, environ).items():
+        values[k] = v
+        sources[k] = "environment"
+    for k, v in (flags or {}).items():
+        values[k] = v
+        sources[k] = f"flag {_flag(k)}"
+    try:
+        return cls.model_validate(values)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "(config)"
+            field = str(err["loc"][0]) if err["loc"] else ""
+            src = sources.get(field, "default")
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown setting"
+            problems.append(f"{section}.{loc}: {msg} (from {src})")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

@@ -1,0 +1,44 @@
+"""The etcd key layout. Every key Tidegate writes lives under one versioned prefix.
+
+    /tidegate/v1/tables/<pool>              RoutingTable (one key per pool; written by the leader)
+    /tidegate/v1/replicas/<replica_id>      ReplicaPresence (leased by the control plane holding the stream)
+    /tidegate/v1/routers/<router_id>        RouterPresence (leased by the router)
+    /tidegate/v1/intents/<replica_id>       ReplicaIntent (SRE cordon/drain; no lease, survives restarts)
+    /tidegate/v1/events/<ts>-<n>            Event (audit trail; no lease)
+    /tidegate/v1/election/controlplane      etcd Election name (values: LeaderRecord)
+
+Values are protobuf JSON (see `tidegate.codec`).
+"""
+
+from __future__ import annotations
+
+PREFIX = "/tidegate/v1/"
+TABLES = PREFIX + "tables/"
+REPLICAS = PREFIX + "replicas/"
+ROUTERS = PREFIX + "routers/"
+INTENTS = PREFIX + "intents/"
+EVENTS = PREFIX + "events/"
+ELECTION = PREFIX + "election/controlplane"
+
+
+def table(pool: str) -> str:
+    return TABLES + pool
+
+
+def replica(replica_id: str) -> str:
+    return REPLICAS + replica_id
+
+
+def router(router_id: str) -> str:
+    return ROUTERS + router_id
+
+
+def intent(replica_id: str) -> str:
+    return INTENTS + replica_id
+
+
+def leaf(prefix: str, key: str) -> str:
+    """The part of `key` after `prefix` (e.g. the pool name of a table key)."""
+    if not key.startswith(prefix):
+        raise ValueError(f"key {key!r} is not under {prefix!r}")
+    return key[len(prefix):]

@@ -1,0 +1,172 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReplicaState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPLICA_STATE_UNSPECIFIED: _ClassVar[ReplicaState]
+    REPLICA_STATE_JOINING: _ClassVar[ReplicaState]
+    REPLICA_STATE_READY: _ClassVar[ReplicaState]
+    REPLICA_STATE_DEGRADED: _ClassVar[ReplicaState]
+    REPLICA_STATE_CORDONED: _ClassVar[ReplicaState]
+    REPLICA_STATE_DRAINING: _ClassVar[ReplicaState]
+    REPLICA_STATE_DRAINED: _ClassVar[ReplicaState]
+    REPLICA_STATE_EJECTED: _ClassVar[ReplicaState]
+    REPLICA_STATE_STALE: _ClassVar[ReplicaState]
+REPLICA_STATE_UNSPECIFIED: ReplicaState
+REPLICA_STATE_JOINING: ReplicaState
+REPLICA_STATE_READY: ReplicaState
+REPLICA_STATE_DEGRADED: ReplicaState
+REPLICA_STATE_CORDONED: ReplicaState
+REPLICA_STATE_DRAINING: ReplicaState
+REPLICA_STATE_DRAINED: ReplicaState
+REPLICA_STATE_EJECTED: ReplicaState
+REPLICA_STATE_STALE: ReplicaState
+
+class RouteEntry(_message.Message):
+    __slots__ = ("replica_id", "endpoint", "region", "zone", "state", "weight", "kv_capacity_tokens", "kv_free_tokens", "running", "waiting", "ttft_p95_ms", "itl_p95_ms", "reason")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_FREE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    TTFT_P95_MS_FIELD_NUMBER: _ClassVar[int]
+    ITL_P95_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    endpoint: str
+    region: str
+    zone: str
+    state: ReplicaState
+    weight: float
+    kv_capacity_tokens: int
+    kv_free_tokens: int
+    running: int
+    waiting: int
+    ttft_p95_ms: float
+    itl_p95_ms: float
+    reason: str
+    def __init__(self, replica_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., weight: _Optional[float] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., ttft_p95_ms: _Optional[float] = ..., itl_p95_ms: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RoutingTable(_message.Message):
+    __slots__ = ("pool", "generation", "computed_at", "leader_id", "replicas", "schema_version")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_AT_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    generation: int
+    computed_at: _timestamp_pb2.Timestamp
+    leader_id: str
+    replicas: _containers.RepeatedCompositeFieldContainer[RouteEntry]
+    schema_version: int
+    def __init__(self, pool: _Optional[str] = ..., generation: _Optional[int] = ..., computed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., leader_id: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[RouteEntry, _Mapping]]] = ..., schema_version: _Optional[int] = ...) -> None: ...
+
+class ReplicaPresence(_message.Message):
+    __slots__ = ("replica_id", "pool", "endpoint", "region", "zone", "controlplane_id", "connected_at")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    CONTROLPLANE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_AT_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    pool: str
+    endpoint: str
+    region: str
+    zone: str
+    controlplane_id: str
+    connected_at: _timestamp_pb2.Timestamp
+    def __init__(self, replica_id: _Optional[str] = ..., pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., controlplane_id: _Optional[str] = ..., connected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class RouterPresence(_message.Message):
+    __slots__ = ("router_id", "region", "url", "updated_at", "inflight_by_replica", "table_generation_by_pool")
+    class InflightByReplicaEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class TableGenerationByPoolEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_BY_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    TABLE_GENERATION_BY_POOL_FIELD_NUMBER: _ClassVar[int]
+    router_id: str
+    region: str
+    url: str
+    updated_at: _timestamp_pb2.Timestamp
+    inflight_by_replica: _containers.ScalarMap[str, int]
+    table_generation_by_pool: _containers.ScalarMap[str, int]
+    def __init__(self, router_id: _Optional[str] = ..., region: _Optional[str] = ..., url: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., inflight_by_replica: _Optional[_Mapping[str, int]] = ..., table_generation_by_pool: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class LeaderRecord(_message.Message):
+    __slots__ = ("controlplane_id", "admin_address", "elected_at")
+    CONTROLPLANE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ELECTED_AT_FIELD_NUMBER: _ClassVar[int]
+    controlplane_id: str
+    admin_address: str
+    elected_at: _timestamp_pb2.Timestamp
+    def __init__(self, controlplane_id: _Optional[str] = ..., admin_address: _Optional[str] = ..., elected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ReplicaIntent(_message.Message):
+    __slots__ = ("replica_id", "cordoned", "draining", "drain_deadline", "force", "reason", "actor", "created_at")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    cordoned: bool
+    draining: bool
+    drain_deadline: _timestamp_pb2.Timestamp
+    force: bool
+    reason: str
+    actor: str
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, replica_id: _Optional[str] = ..., cordoned: _Optional[bool] = ..., draining: _Optional[bool] = ..., drain_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., force: _Optional[bool] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("at", "kind", "replica_id", "pool", "actor", "reason")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    at: _timestamp_pb2.Timestamp
+    kind: str
+    replica_id: str
+    pool: str
+    actor: str
+    reason: str
+    def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., kind: _Optional[str] = ..., replica_id: _Optional[str] = ..., pool: _Optional[str] = ..., actor: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
