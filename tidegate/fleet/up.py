@@ -1,0 +1,243 @@
+"""`tidegate up`: a complete fleet on this machine.
+
+etcd (embedded unless --etcd is given) -> control plane(s) -> N simulated
+replicas, each with its agent sidecar -> one router. Prints the endpoints,
+writes them to the endpoints file, runs until Ctrl-C/SIGTERM, then stops every
+process it started, in reverse order (no orphans, even when one crashed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import structlog
+from pydantic import Field
+
+from tidegate import logs
+from tidegate.config import ConfigBase, EtcdFields, add_flags, load
+from tidegate.fleet import endpoints as endpoints_file
+from tidegate.fleet.procs import Child, ChildStartError, stop_all, tidegate_argv
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+class UpConfig(ConfigBase, EtcdFields):
+    replicas: int = Field(4, ge=1, le=64, description="Number of simulated replicas (each with its agent).")
+    controlplanes: int = Field(1, ge=1, le=5, description="Control-plane instances (one leads, the rest stand by).")
+    model: str = Field(DEFAULT_MODEL, min_length=1, description="Model name the simulated replicas serve (the pool).")
+    profile: str = Field("tiny-h100", min_length=1,
+                         description="Simulator GPU/model profile (see `tidegate sim --help`).")
+    endpoints_file: Path | None = Field(
+        None, description="Where to write the endpoints JSON (default: $TIDEGATE_HOME/endpoints.json "
+                          "or ~/.local/state/tidegate/endpoints.json).")
+    run_dir: Path | None = Field(None, description="Directory for child logs (default: a new temporary directory).")
+    router_port: int = Field(0, ge=0, le=65535, description="Router HTTP port (0 = any free port).")
+    region: str = Field("local", description="Region label of every process.")
+    report_interval_s: float = Field(1.0, gt=0, description="Agent report interval, seconds.")
+    ready_timeout_s: float = Field(60.0, gt=0, description="How long to wait for the fleet to become routable.")
+
+
+class Fleet:
+    """Starts and stops the processes of a local fleet. Synchronous on purpose: it only
+    supervises; the children do the work."""
+
+    def __init__(self, cfg: UpConfig) -> None:
+        self.cfg = cfg
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if cfg.run_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="tidegate-up-")
+            self.run_dir = Path(self._tmp.name)
+        else:
+            self.run_dir = cfg.run_dir
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.children: list[Child] = []
+        self.etcd: Any = None
+        self.etcd_endpoints: tuple[str, ...] = cfg.etcd
+        self.info: dict[str, Any] = {}
+        self._reported: set[str] = set()
+
+    # ------------------------------------------------------------------ start
+    def _child(self, name: str, *args: str) -> Child:
+        child = Child(name=name, argv=tidegate_argv(*args), run_dir=self.run_dir)
+        child.start()
+        self.children.append(child)
+        return child
+
+    def _common(self) -> list[str]:
+        lvl = self.cfg.log_level
+        return ["--log-level", lvl, "--log-json"]
+
+    def start(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if not self.etcd_endpoints:
+            from tidegate.etcd_server import EmbeddedEtcd
+
+            self.etcd = EmbeddedEtcd(data_dir=self.run_dir / "etcd-data", log_path=self.run_dir / "etcd.log")
+            self.etcd.start()
+            self.etcd_endpoints = (self.etcd.endpoint,)
+            log.info("etcd_started", endpoint=self.etcd.endpoint, embedded=True)
+        etcd = ",".join(self.etcd_endpoints)
+
+        cps = []
+        for i in range(cfg.controlplanes):
+            cps.append(self._child(
+                f"controlplane-{i}", "controlplane", "--etcd", etcd, "--listen", "127.0.0.1:0",
+                "--id", f"cp-{i}", *self._common()))
+        cp_addrs = [f"127.0.0.1:{c.wait_port()}" for c in cps]
+
+        sims = []
+        for i in range(cfg.replicas):
+            sims.append(self._child(
+                f"sim-{i}", "sim", "--port", "0", "--model", cfg.model, "--profile", cfg.profile,
+                "--seed", str(i), *self._common()))
+        replicas = []
+        for i, sim in enumerate(sims):
+            url = f"http://127.0.0.1:{sim.wait_port()}"
+            rid = f"replica-{i}"
+            agent = self._child(
+                f"agent-{i}", "agent", "--engine-url", url, "--replica-id", rid, "--model", cfg.model,
+                "--region", cfg.region, "--zone", f"{cfg.region}-{'abc'[i % 3]}",
+                "--controlplane", ",".join(cp_addrs), "--report-interval-s", str(cfg.report_interval_s),
+                "--engine-kind", "tidegate-sim", *self._common())
+            replicas.append({"id": rid, "model": cfg.model, "engine_url": url,
+                             "sim_pid": sim.pid, "agent_pid": agent.pid})
+
+        router = self._child(
+            "router", "router", "--etcd", etcd, "--port", str(cfg.router_port), "--region", cfg.region,
+            "--router-id", "router-0", *self._common())
+        router_url = f"http://127.0.0.1:{router.wait_port()}"
+
+        self.info = {
+            "router_url": router_url,
+            "controlplane": cp_addrs[0],
+            "controlplanes": cp_addrs,
+            "etcd": etcd,
+            "etcd_embedded": self.etcd is not None,
+            "model": cfg.model,
+            "profile": cfg.profile,
+            "replicas": replicas,
+            "run_dir": str(self.run_dir),
+            "launcher_pid": os.getpid(),
+            "pids": {c.name: c.pid for c in self.children},
+            "started_at": time.time(),
+        }
+        if self.etcd is not None:
+            self.info["pids"]["etcd"] = self.etcd.pid
+        self._wait_routable(router_url)
+        return self.info
+
+    def _wait_routable(self, router_url: str) -> None:
+        """Ready when the router lists the model, i.e. a table with a routable replica reached it."""
+        deadline = time.monotonic() + self.cfg.ready_timeout_s
+        last = "no answer"
+        while time.monotonic() < deadline:
+            self.check()
+            try:
+                with urllib.request.urlopen(router_url + "/v1/models", timeout=2) as resp:
+                    body = json.loads(resp.read())
+                if any(m.get("id") == self.cfg.model for m in body.get("data", [])):
+                    log.info("fleet_ready", router=router_url)
+                    return
+                last = "model not listed yet"
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                last = str(exc)
+            time.sleep(0.25)
+        raise ChildStartError(f"fleet not routable within {self.cfg.ready_timeout_s:.0f}s ({last}); "
+                              f"logs in {self.run_dir}")
+
+    # ---------------------------------------------------------------- running
+    def check(self) -> list[str]:
+        """Names of children that have exited; each is logged once."""
+        dead = []
+        for child in self.children:
+            if not child.alive():
+                dead.append(child.name)
+                if child.name not in self._reported:
+                    self._reported.add(child.name)
+                    log.warning("child_exited", child=child.name, code=child.returncode(),
+                                log=str(child.log_path))
+        return dead
+
+    def stop(self) -> None:
+        stop_all(self.children)
+        if self.etcd is not None:
+            self.etcd.stop()
+            self.etcd = None
+        log.info("fleet_stopped", processes=len(self.children))
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if self._tmp is not None and exc[0] is None:
+            self._tmp.cleanup()
+
+
+class _Stop(Exception):
+    pass
+
+
+def install_stop_signals() -> None:
+    """SIGTERM and SIGINT both end the run through the same path."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise _Stop(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add_flags(parser, UpConfig)
+
+
+def print_endpoints(info: dict[str, Any], path: Path) -> None:
+    print(f"router        {info['router_url']}", flush=True)
+    print(f"control plane {', '.join(info['controlplanes'])}", flush=True)
+    print(f"etcd          {info['etcd']}{' (embedded)' if info['etcd_embedded'] else ''}", flush=True)
+    print(f"replicas      {len(info['replicas'])} x {info['model']} (simulated, profile {info['profile']})",
+          flush=True)
+    print(f"endpoints     {path}", flush=True)
+    print(f"logs          {info['run_dir']}", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load(UpConfig, "up", args, args.config)
+    logs.configure(cfg.log_level, cfg.log_json, process="up")
+    path = cfg.endpoints_file or endpoints_file.default_path()
+    install_stop_signals()
+    fleet = Fleet(cfg)
+    try:
+        info = fleet.start()
+        endpoints_file.write(path, info)
+        print_endpoints(info, path)
+        print("fleet is up; Ctrl-C to stop", flush=True)
+        while True:
+            fleet.check()
+            time.sleep(0.5)
+    except _Stop as sig:
+        log.info("stopping", signal=str(sig))
+        return 0
+    except ChildStartError as exc:
+        print(f"tidegate up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        fleet.stop()
+        try:
+            if path.exists() and endpoints_file.read(path).get("launcher_pid") == os.getpid():
+                path.unlink()
+        except (OSError, ValueError):
+            pass
