@@ -78,7 +78,7 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, req: TraceR
                             first = now if first is None else first
                             last = now
                             tokens += 1
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         return _fail(progress, type(exc).__name__, 0)
     if first is None or tokens < req.output_tokens:
         return _fail(progress, "short stream", 200)

@@ -200,6 +200,9 @@ def install_stop_signals() -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+CONFIG_CLASS = UpConfig
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, UpConfig)
 

@@ -1,0 +1,11 @@
+# One image for every Tidegate process; docker-compose.yml picks the subcommand.
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY tidegate ./tidegate
+COPY agent ./agent
+COPY controlplane ./controlplane
+COPY router ./router
+COPY simulator ./simulator
+RUN pip install --no-cache-dir .
+ENTRYPOINT ["tidegate"]

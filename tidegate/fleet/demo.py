@@ -1,0 +1,185 @@
+"""`tidegate demo`: `up`, replay a real trace through the router, print a report, shut down.
+
+The offered rate is `--load` times the fleet's estimated capacity
+(tidegate.fleet.capacity: Little's law on the simulator profile and the
+trace's mean lengths), reached by compressing the trace's own arrival times;
+`--rate-scale` sets the compression directly instead. Per-replica figures
+come from the simulated engines' own /metrics, polled while the replay runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import structlog
+from pydantic import Field
+
+from agent.normalize import TelemetryParseError, parse_metrics
+from simulator.profiles import ProfileError, get_profile
+from tidegate import logs
+from tidegate.config import add_flags, load
+from tidegate.fleet import capacity, loadgen, report, traces
+from tidegate.fleet import endpoints as endpoints_file
+from tidegate.fleet.procs import ChildStartError
+from tidegate.fleet.up import Fleet, UpConfig, _Stop, install_stop_signals
+
+log = structlog.get_logger(__name__)
+
+
+class DemoConfig(UpConfig):
+    trace: Path | None = Field(None, description="Trace to replay: Azure LLM inference CSV or Mooncake JSONL "
+                                                 "(default: the shipped Azure conversation sample).")
+    duration: float = Field(60.0, gt=0, description="Seconds of arrivals to replay (then in-flight requests finish).")
+    load: float = Field(0.8, gt=0, le=3.0, description="Offered load as a fraction of the fleet's estimated capacity.")
+    rate_scale: float | None = Field(None, gt=0, description="Compress the trace's arrival times by this factor "
+                                                             "(overrides --load).")
+    slo_ttft_ms: float = Field(2000.0, gt=0, description="TTFT SLO for the attainment figure, milliseconds.")
+    slo_tpot_ms: float = Field(100.0, gt=0, description="TPOT SLO for the attainment figure, milliseconds.")
+    json_path: Path | None = Field(None, description="Also write the report as JSON to this file.")
+
+
+CONFIG_CLASS = DemoConfig
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add_flags(parser, DemoConfig, skip={"json_path"})
+    parser.add_argument("--json", dest="json_path", type=Path, default=argparse.SUPPRESS, metavar="PATH",
+                        help="Also write the report as JSON to this file.")
+
+
+def repeat_to(trace: list[traces.TraceRequest], span_s: float) -> list[traces.TraceRequest]:
+    """The trace, repeated back to back until it covers `span_s` seconds of arrivals."""
+    if not trace:
+        return trace
+    period = trace[-1].arrival_s + (trace[-1].arrival_s / max(1, len(trace) - 1))
+    out, offset = [], 0.0
+    while True:
+        for r in trace:
+            t = r.arrival_s + offset
+            if t > span_s:
+                return out
+            out.append(traces.TraceRequest(t, r.prompt_tokens, r.output_tokens, r.prefix_hashes))
+        offset += period
+
+
+class ReplicaWatcher:
+    """Polls every simulated engine's /metrics for peak KV use and queue, and final counters."""
+
+    def __init__(self, replicas: list[dict[str, Any]], model: str) -> None:
+        self.replicas = replicas
+        self.model = model
+        self.peak_kv = {r["id"]: 0.0 for r in replicas}
+        self.peak_waiting = {r["id"]: 0 for r in replicas}
+        self.last: dict[str, Any] = {}
+
+    async def poll_once(self, session: aiohttp.ClientSession) -> None:
+        for r in self.replicas:
+            try:
+                async with session.get(r["engine_url"] + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    sample = parse_metrics(await resp.text(), self.model)
+            except (TimeoutError, aiohttp.ClientError, TelemetryParseError):
+                continue
+            self.last[r["id"]] = sample
+            self.peak_kv[r["id"]] = max(self.peak_kv[r["id"]], sample.kv_usage or 0.0)
+            self.peak_waiting[r["id"]] = max(self.peak_waiting[r["id"]], sample.waiting)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with aiohttp.ClientSession() as session:
+            while not stop.is_set():
+                await self.poll_once(session)
+                try:
+                    await asyncio.wait_for(stop.wait(), 0.5)
+                except TimeoutError:
+                    pass
+            await self.poll_once(session)
+
+    def rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for r in self.replicas:
+            s = self.last.get(r["id"])
+            rows.append({
+                "id": r["id"],
+                "requests": int(s.e2e[-1][1]) if s is not None and s.e2e else 0,
+                "prompt_tokens": int(s.prompt_tokens_total or 0) if s is not None else 0,
+                "generation_tokens": int(s.generation_tokens_total or 0) if s is not None else 0,
+                "preemptions": int(s.preemptions_total or 0) if s is not None else 0,
+                "peak_kv_usage": round(self.peak_kv[r["id"]], 4),
+                "peak_waiting": self.peak_waiting[r["id"]],
+            })
+        return rows
+
+
+async def _replay(cfg: DemoConfig, info: dict[str, Any], trace: list[traces.TraceRequest],
+                  time_scale: float) -> tuple[list[report.RequestResult], int, float, list[dict[str, Any]]]:
+    watcher = ReplicaWatcher(info["replicas"], cfg.model)
+    stop = asyncio.Event()
+    poller = asyncio.create_task(watcher.run(stop))
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    try:
+        results, sent = await loadgen.replay(info["router_url"], cfg.model, trace, time_scale=time_scale,
+                                             duration_s=cfg.duration,
+                                             on_tick=loadgen.progress_printer(cfg.duration))
+    finally:
+        elapsed = loop.time() - t0
+        stop.set()
+        await poller
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    return results, sent, elapsed, watcher.rows()
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load(DemoConfig, "demo", args, args.config)
+    logs.configure(cfg.log_level, cfg.log_json, process="demo")
+    try:
+        base = traces.load(cfg.trace or traces.shipped_sample())
+        profile = get_profile(cfg.profile)
+    except (traces.TraceError, ProfileError) as exc:
+        print(f"tidegate demo: {exc}", file=sys.stderr)
+        return 2
+    est = capacity.estimate(profile, base, cfg.replicas)
+    natural_rps = len(base) / max(base[-1].arrival_s, 1e-9)
+    if cfg.rate_scale is not None:
+        time_scale = cfg.rate_scale
+        basis = f"trace arrivals x{time_scale:g}; estimated capacity {est.fleet_rps:.1f} req/s"
+    else:
+        time_scale = cfg.load * est.fleet_rps / natural_rps
+        basis = (f"load {cfg.load:g} x estimated capacity {est.fleet_rps:.1f} req/s "
+                 f"({cfg.replicas} x {profile.name}); trace arrivals x{time_scale:.2f}")
+    trace = repeat_to(base, cfg.duration * time_scale)
+    offered = natural_rps * time_scale
+    print(f"replaying {cfg.trace or 'the shipped Azure conversation sample'} at {offered:.1f} req/s for "
+          f"{cfg.duration:g} s ({basis})", flush=True)
+
+    path = cfg.endpoints_file or endpoints_file.default_path()
+    install_stop_signals()
+    fleet = Fleet(cfg)
+    try:
+        info = fleet.start()
+        endpoints_file.write(path, info)
+        print(f"fleet ready: router {info['router_url']}, {cfg.replicas} simulated replicas", flush=True)
+        results, sent, elapsed, rows = asyncio.run(_replay(cfg, info, trace, time_scale))
+    except ChildStartError as exc:
+        print(f"tidegate demo: {exc}", file=sys.stderr)
+        return 1
+    except _Stop:
+        print("tidegate demo: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        fleet.stop()
+        if path.exists():
+            path.unlink(missing_ok=True)
+    rep = report.build(results, sent=sent, duration_s=elapsed, slo_ttft_ms=cfg.slo_ttft_ms,
+                       slo_tpot_ms=cfg.slo_tpot_ms, replicas=rows, rate_rps=offered, rate_basis=basis)
+    print(report.render(rep), flush=True)
+    if cfg.json_path is not None:
+        cfg.json_path.write_text(json.dumps(rep, indent=2) + "\n")
+        print(f"\nreport written to {cfg.json_path}", flush=True)
+    return 0 if rep["failed"] == 0 else 1
