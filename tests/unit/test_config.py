@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 import pytest
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from tidegate.config import ConfigBase, ConfigError, EtcdFields, add_flags, load, parse_endpoints
 
@@ -73,7 +73,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 def test_config_is_frozen() -> None:
     cfg = load(SampleConfig, "sample", _parse([]), environ={})
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.port = 1  # type: ignore[misc]
 
 

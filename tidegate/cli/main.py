@@ -12,11 +12,13 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "controlplane": ("controlplane.main", "Run a control-plane instance (telemetry ingest, weights, etcd publisher, admin API)."),
+    "controlplane": ("controlplane.main",
+                     "Run a control-plane instance (telemetry ingest, weights, etcd publisher, admin API)."),
     "agent": ("agent.main", "Run the sidecar agent of one engine replica (NVML + engine metrics -> control plane)."),
     "router": ("router.main", "Run an OpenAI-compatible router (front door) that routes by the tables in etcd."),
     "sim": ("simulator.main", "Run the engine simulator: one simulated vLLM replica (HTTP API + /metrics)."),
-    "up": ("tidegate.fleet.up", "Start a complete local fleet: etcd, control plane, simulated replicas with agents, router."),
+    "up": ("tidegate.fleet.up",
+           "Start a complete local fleet: etcd, control plane, simulated replicas with agents, router."),
     "demo": ("tidegate.fleet.demo", "Start a local fleet, replay a real trace through the router, print a report."),
 }
 
