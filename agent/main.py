@@ -1,0 +1,149 @@
+"""`tidegate agent`: the sidecar of one engine replica (composition root)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import signal
+import sys
+from typing import Any
+
+import aiohttp
+import structlog
+from prometheus_client import start_http_server
+from pydantic import Field, field_validator
+
+import tidegate.config
+import tidegate.logs
+from agent.collector import Collector
+from agent.metrics import AgentMetrics
+from agent.nvml import NvmlReader
+from agent.stream import HelloInfo, StreamClient
+from tidegate.config import ConfigBase, ConfigError, parse_endpoints
+
+log = structlog.get_logger(__name__)
+
+SECTION = "agent"
+
+
+class AgentConfig(ConfigBase):
+    engine_url: str = Field(
+        "", validate_default=True,
+        description="(required) Engine base URL to scrape, e.g. http://127.0.0.1:8000.",
+    )
+    replica_id: str = Field("", validate_default=True, description="(required) Unique id of this replica.")
+    model: str = Field("", validate_default=True, description="(required) Model served: the pool name.")
+    advertise_url: str = Field(
+        "", description="URL routers should use for this engine (default: engine_url)."
+    )
+    region: str = Field("local", description="Region of the replica.")
+    zone: str = Field("local-a", description="Zone of the replica.")
+    gpu_indices: tuple[int, ...] = Field(
+        (), description="GPU indices of the replica, comma-separated (default: every visible GPU)."
+    )
+    controlplane: tuple[str, ...] = Field(
+        (), validate_default=True,
+        description="(required) Control-plane addresses, comma-separated host:port; tried in order.",
+    )
+    report_interval_s: float = Field(1.0, gt=0, description="Seconds between reports.")
+    scrape_timeout_s: float = Field(2.0, gt=0, description="Timeout of each engine poll, seconds.")
+    latency_window_s: float = Field(
+        30.0, gt=0, description="Window of the TTFT/ITL/E2E percentiles, seconds."
+    )
+    engine_kind: str = Field("vllm", description="Engine kind: vllm, sglang, tgi, tidegate-sim.")
+    metrics_port: int = Field(0, ge=0, lt=65536, description="Port of the agent's own /metrics (0 = off).")
+
+    @field_validator("engine_url", "replica_id", "model")
+    @classmethod
+    def _required(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("is required")
+        return v.strip()
+
+    @field_validator("engine_url", "advertise_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+    @field_validator("controlplane", mode="before")
+    @classmethod
+    def _endpoints(cls, v: Any) -> tuple[str, ...]:
+        out = parse_endpoints(v)
+        if not out:
+            raise ValueError("is required (comma-separated host:port)")
+        return out
+
+    @field_validator("gpu_indices", mode="before")
+    @classmethod
+    def _indices(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return tuple(int(x) for x in v.split(",") if x.strip())
+        if isinstance(v, int):
+            return (v,)
+        return v
+
+    @property
+    def endpoint(self) -> str:
+        return self.advertise_url or self.engine_url
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    tidegate.config.add_flags(parser, AgentConfig)
+
+
+def load_config(args: argparse.Namespace) -> AgentConfig:
+    return tidegate.config.load(AgentConfig, SECTION, args, getattr(args, "config", None))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args)
+    except ConfigError as exc:
+        print(f"tidegate agent: {exc}", file=sys.stderr)
+        return 2
+    tidegate.logs.configure(cfg.log_level, cfg.log_json, process="agent")
+    return asyncio.run(serve(cfg))
+
+
+async def serve(cfg: AgentConfig, stop: asyncio.Event | None = None) -> int:
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    metrics = AgentMetrics()
+    http_server = None
+    if cfg.metrics_port:
+        http_server, _ = start_http_server(cfg.metrics_port, registry=metrics.registry)
+    nvml = NvmlReader()
+    log.info(
+        "agent_starting", replica_id=cfg.replica_id, model=cfg.model, engine_url=cfg.engine_url,
+        controlplane=list(cfg.controlplane),
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            collector = Collector(
+                cfg.engine_url, session, model=cfg.model, gpu_reader=nvml, gpu_indices=cfg.gpu_indices,
+                scrape_timeout_s=cfg.scrape_timeout_s, window_s=cfg.latency_window_s, metrics=metrics,
+            )
+            hello = HelloInfo(
+                replica_id=cfg.replica_id, pool=cfg.model, endpoint=cfg.endpoint, region=cfg.region,
+                zone=cfg.zone, gpu_indices=cfg.gpu_indices, engine_kind=cfg.engine_kind,
+                capabilities=("nvml", "histograms", "kv_capacity"),
+            )
+            client = StreamClient(
+                cfg.controlplane, hello, collector, report_interval_s=cfg.report_interval_s,
+                rng=random.Random().random, metrics=metrics,
+            )
+            await client.run(stop)
+    finally:
+        await asyncio.to_thread(nvml.close)
+        if http_server is not None:
+            http_server.shutdown()
+        log.info("agent_stopped", replica_id=cfg.replica_id)
+    return 0
