@@ -91,6 +91,9 @@ class AgentConfig(ConfigBase):
         return self.advertise_url or self.engine_url
 
 
+CONFIG_CLASS = AgentConfig
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     tidegate.config.add_flags(parser, AgentConfig)
 

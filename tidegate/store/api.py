@@ -11,6 +11,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from tidegate.errors import StoreError
+
+
+class LeaseNotFoundError(StoreError):
+    """The lease does not exist (expired or revoked): grant a new one and re-put its keys."""
+
 
 @dataclass(frozen=True)
 class KeyValue:
@@ -47,14 +53,18 @@ class Store(Protocol):
     async def grant_lease(self, ttl_s: int) -> int: ...
 
     async def refresh_lease(self, lease_id: int) -> int:
-        """Returns the remaining TTL; raises StoreError when the lease is gone."""
+        """Returns the remaining TTL; raises LeaseNotFoundError (a StoreError) when the lease
+        is gone."""
         ...
 
     async def revoke_lease(self, lease_id: int) -> None: ...
 
     def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[list[WatchEvent]]:
         """Batches of events from `start_revision` (inclusive). Raises CompactedError when
-        that revision is compacted, StoreError when the stream breaks."""
+        that revision is compacted, StoreError when the stream breaks.
+
+        The first batch is always empty: it says the watch is established (callers use it to
+        mark themselves healthy again). Events of one store revision arrive in one batch."""
         ...
 
     async def close(self) -> None: ...
