@@ -1,0 +1,220 @@
+"""The in-memory fleet of one control-plane instance: last hello and report per replica.
+
+No gRPC and no etcd here: the telemetry servicer feeds it, the publisher and the
+admin API read `views(now)`. The clock is injected (monotonic seconds).
+Garbage telemetry (negative counts, NaN, usage > 1, capacity 0) is clamped and
+flagged, never trusted and never a crash.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+from tidegate.policy.weights import ReplicaDecision, ReplicaView, WeightPolicyConfig, decide
+from tidegate.v1 import records_pb2, telemetry_pb2
+
+
+@dataclass(frozen=True)
+class CleanStats:
+    """Engine and GPU numbers of one report after sanitising."""
+
+    healthy: bool = False
+    engine_error: str = ""
+    running: int = 0
+    waiting: int = 0
+    kv_capacity_tokens: int = 0
+    kv_free_tokens: int = 0
+    kv_usage: float = 0.0
+    ttft_p95_ms: float = 0.0
+    itl_p95_ms: float = 0.0
+    preemptions_total: float = 0.0
+    gpu_telemetry_available: bool = False
+    gpu_faults: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+
+
+def sanitize(report: telemetry_pb2.Report) -> CleanStats:
+    """Clamp a report into sane ranges; every clamp adds a flag naming the field."""
+    flags: list[str] = []
+    eng = report.engine
+
+    def count(name: str, v: int) -> int:
+        if v < 0:
+            flags.append(f"{name} {v} < 0")
+            return 0
+        return v
+
+    def num(name: str, v: float, hi: float = math.inf) -> float:
+        if not math.isfinite(v):
+            flags.append(f"{name} not finite")
+            return 0.0
+        if v < 0:
+            flags.append(f"{name} {v:g} < 0")
+            return 0.0
+        if v > hi:
+            flags.append(f"{name} {v:g} > {hi:g}")
+            return hi
+        return v
+
+    if not report.HasField("engine"):
+        return CleanStats(healthy=False, engine_error="report has no engine stats",
+                          gpu_telemetry_available=report.gpu_telemetry_available)
+    running = count("running", eng.num_requests_running)
+    waiting = count("waiting", eng.num_requests_waiting)
+    usage = num("kv_cache_usage", eng.kv_cache_usage, 1.0)
+    capacity = eng.kv_capacity_tokens
+    free = eng.kv_free_tokens
+    if capacity <= 0:
+        if eng.has_kv_capacity or capacity < 0:
+            flags.append(f"kv_capacity_tokens {capacity} <= 0, treated as unknown")
+        capacity, free = 0, 0
+    else:
+        if free < 0:
+            flags.append(f"kv_free_tokens {free} < 0")
+            free = 0
+        elif free > capacity:
+            flags.append(f"kv_free_tokens {free} > capacity {capacity}")
+            free = capacity
+    faults: list[str] = []
+    if report.gpu_telemetry_available:
+        for g in report.gpus:
+            if g.lost:
+                faults.append(f"gpu {g.index} lost")
+            if g.ecc_uncorrected_volatile > 0:
+                faults.append(f"gpu {g.index}: {g.ecc_uncorrected_volatile} uncorrectable ECC errors")
+    return CleanStats(
+        healthy=eng.healthy,
+        engine_error=eng.error,
+        running=running,
+        waiting=waiting,
+        kv_capacity_tokens=capacity,
+        kv_free_tokens=free,
+        kv_usage=usage,
+        ttft_p95_ms=num("ttft_p95_ms", eng.ttft.p95_ms),
+        itl_p95_ms=num("itl_p95_ms", eng.itl.p95_ms),
+        preemptions_total=num("preemptions_total", eng.preemptions_total),
+        gpu_telemetry_available=report.gpu_telemetry_available,
+        gpu_faults=tuple(faults),
+        flags=tuple(flags),
+    )
+
+
+@dataclass
+class ReplicaRecord:
+    hello: telemetry_pb2.Hello
+    hello_at: float
+    report: telemetry_pb2.Report | None = None
+    report_at: float | None = None
+    stats: CleanStats = field(default_factory=CleanStats)
+    preemptions_per_s: float = 0.0
+    streams: int = 0                   # open telemetry streams for this replica on this instance
+
+
+class FleetState:
+    def __init__(self, policy: WeightPolicyConfig, now: Callable[[], float]) -> None:
+        self.policy = policy
+        self._now = now
+        self._replicas: dict[str, ReplicaRecord] = {}
+        self._intents: dict[str, records_pb2.ReplicaIntent] = {}
+
+    # ------------------------------------------------------------ ingest
+
+    def on_hello(self, hello: telemetry_pb2.Hello) -> None:
+        """Register or refresh a replica. Raises ValueError when the hello cannot identify it."""
+        if not hello.replica_id:
+            raise ValueError("hello.replica_id is empty")
+        if not hello.pool:
+            raise ValueError("hello.pool is empty")
+        rec = self._replicas.get(hello.replica_id)
+        now = self._now()
+        if rec is None:
+            self._replicas[hello.replica_id] = ReplicaRecord(hello=hello, hello_at=now)
+        else:
+            rec.hello = hello
+            rec.hello_at = now
+
+    def on_report(self, hello: telemetry_pb2.Hello, report: telemetry_pb2.Report) -> ReplicaDecision:
+        """Store the report with its receive time; re-register the replica if it was pruned.
+        Returns the replica's current decision (for the Ack)."""
+        rec = self._replicas.get(hello.replica_id)
+        if rec is None:
+            self.on_hello(hello)
+            rec = self._replicas[hello.replica_id]
+        now = self._now()
+        stats = sanitize(report)
+        rate = 0.0
+        if rec.report_at is not None and now > rec.report_at:
+            delta = stats.preemptions_total - rec.stats.preemptions_total
+            # A counter that went down means the engine restarted: no rate this time.
+            rate = delta / (now - rec.report_at) if delta > 0 else 0.0
+        rec.report, rec.report_at, rec.stats, rec.preemptions_per_s = report, now, stats, rate
+        return decide(self._view(rec, now), self.policy)
+
+    def stream_opened(self, replica_id: str) -> None:
+        rec = self._replicas.get(replica_id)
+        if rec is not None:
+            rec.streams += 1
+
+    def stream_closed(self, replica_id: str) -> None:
+        # The replica stays: it goes STALE, then is pruned, unless it reconnects.
+        rec = self._replicas.get(replica_id)
+        if rec is not None and rec.streams > 0:
+            rec.streams -= 1
+
+    def set_intents(self, intents: Mapping[str, records_pb2.ReplicaIntent]) -> None:
+        self._intents = dict(intents)
+
+    # ------------------------------------------------------------ read
+
+    def get(self, replica_id: str) -> ReplicaRecord | None:
+        return self._replicas.get(replica_id)
+
+    def intent(self, replica_id: str) -> records_pb2.ReplicaIntent | None:
+        return self._intents.get(replica_id)
+
+    def view(self, replica_id: str, now: float | None = None) -> ReplicaView | None:
+        rec = self._replicas.get(replica_id)
+        return None if rec is None else self._view(rec, self._now() if now is None else now)
+
+    def views(self, now: float | None = None) -> list[ReplicaView]:
+        now = self._now() if now is None else now
+        return [self._view(rec, now) for _, rec in sorted(self._replicas.items())]
+
+    def prune(self, now: float | None = None) -> list[str]:
+        """Forget replicas without a report (or hello) for longer than remove_after_s."""
+        now = self._now() if now is None else now
+        gone = [rid for rid, rec in self._replicas.items()
+                if now - _last_seen(rec) > self.policy.remove_after_s]
+        for rid in gone:
+            del self._replicas[rid]
+        return sorted(gone)
+
+    def __len__(self) -> int:
+        return len(self._replicas)
+
+    def _view(self, rec: ReplicaRecord, now: float) -> ReplicaView:
+        h, s = rec.hello, rec.stats
+        intent = self._intents.get(h.replica_id)
+        base = ReplicaView(
+            replica_id=h.replica_id, pool=h.pool, endpoint=h.endpoint, region=h.region, zone=h.zone,
+            has_report=rec.report is not None,
+            report_age_s=max(0.0, now - _last_seen(rec)),
+            cordoned=bool(intent and intent.cordoned),
+            draining=bool(intent and intent.draining),
+        )
+        if rec.report is None:
+            return base
+        return replace(
+            base,
+            healthy=s.healthy, engine_error=s.engine_error, running=s.running, waiting=s.waiting,
+            kv_capacity_tokens=s.kv_capacity_tokens, kv_free_tokens=s.kv_free_tokens, kv_usage=s.kv_usage,
+            ttft_p95_ms=s.ttft_p95_ms, itl_p95_ms=s.itl_p95_ms, preemptions_per_s=rec.preemptions_per_s,
+            gpu_telemetry_available=s.gpu_telemetry_available, gpu_faults=s.gpu_faults,
+            telemetry_flags=s.flags,
+        )
+
+
+def _last_seen(rec: ReplicaRecord) -> float:
+    return rec.report_at if rec.report_at is not None else rec.hello_at

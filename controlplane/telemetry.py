@@ -1,0 +1,137 @@
+"""The agent telemetry stream (`tidegate.v1.Telemetry/Stream`).
+
+First message must be a Hello (protocol_version 1), then Reports, each answered by an Ack
+with the replica's current state and weight. While the stream is open this instance keeps a
+leased ReplicaPresence under keys.replica(id), so a dead control plane's streams vanish.
+
+Every instance accepts streams, leader or standby, and ingests them into its own FleetState;
+only the leader publishes. Limitation (documented in the report/ARCHITECTURE): instances do
+not share fleet state, so after a failover the new leader publishes from the streams *it*
+holds; agents that streamed to the dead leader appear once they reconnect here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import grpc.aio
+import structlog
+from google.protobuf import timestamp_pb2
+
+from controlplane.fleet import FleetState
+from controlplane.metrics import Metrics
+from tidegate import codec, keys
+from tidegate.store.lease import LeaseKeeper
+from tidegate.v1 import records_pb2, telemetry_pb2, telemetry_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+PROTOCOL_VERSION = 1
+
+
+class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
+    def __init__(
+        self,
+        fleet: FleetState,
+        presence: LeaseKeeper | None,
+        controlplane_id: str,
+        *,
+        metrics: Metrics | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._fleet = fleet
+        self._presence = presence
+        self._id = controlplane_id
+        self._metrics = metrics
+        self._wall = wall_clock
+        self._stream_seq = 0
+        # replica_id -> token of its newest stream here; only that stream removes the presence.
+        self._owner: dict[str, int] = {}
+        self._cleanups: set[asyncio.Task[None]] = set()
+
+    async def Stream(  # noqa: N802 (gRPC method name)
+        self,
+        request_iterator: AsyncIterator[telemetry_pb2.AgentMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[telemetry_pb2.ControlMessage]:
+        first = None
+        async for msg in request_iterator:
+            first = msg
+            break
+        if first is None:
+            return
+        if first.WhichOneof("msg") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "the first message of a telemetry stream must be a Hello")
+        hello = first.hello
+        if hello.protocol_version != PROTOCOL_VERSION:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"protocol_version {hello.protocol_version} not supported (this control plane speaks "
+                f"{PROTOCOL_VERSION})",
+            )
+        try:
+            self._fleet.on_hello(hello)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad hello: {e}")
+        rid = hello.replica_id
+        self._stream_seq += 1
+        token = self._stream_seq
+        self._owner[rid] = token
+        self._fleet.stream_opened(rid)
+        if self._metrics:
+            self._metrics.streams_open.inc()
+        log.info("stream_opened", replica_id=rid, pool=hello.pool, endpoint=hello.endpoint,
+                 agent_version=hello.agent_version, peer=context.peer())
+        try:
+            if self._presence is not None:
+                await self._presence.put(keys.replica(rid), codec.encode(self._presence_record(hello)))
+            async for msg in request_iterator:
+                kind = msg.WhichOneof("msg")
+                if kind == "hello":
+                    # A changed identity on an open stream would orphan the old one's state.
+                    if msg.hello.replica_id != rid:
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                            "a stream carries one replica; replica_id changed")
+                    try:
+                        self._fleet.on_hello(msg.hello)
+                    except ValueError as e:
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad hello: {e}")
+                    hello = msg.hello
+                    continue
+                if kind != "report":
+                    continue
+                if self._metrics:
+                    self._metrics.reports.inc()
+                decision = self._fleet.on_report(hello, msg.report)
+                yield telemetry_pb2.ControlMessage(ack=telemetry_pb2.Ack(
+                    seq=msg.report.seq, state=decision.state, weight=decision.weight,
+                    controlplane_id=self._id))
+        finally:
+            self._fleet.stream_closed(rid)
+            if self._metrics:
+                self._metrics.streams_open.dec()
+            log.info("stream_closed", replica_id=rid)
+            if self._owner.get(rid) == token:
+                del self._owner[rid]
+                if self._presence is not None:
+                    # The handler is usually being cancelled here (the agent went away); a
+                    # separate task makes sure the delete is not cancelled with it.
+                    task = asyncio.create_task(self._presence.delete(keys.replica(rid)))
+                    self._cleanups.add(task)
+                    task.add_done_callback(self._cleanups.discard)
+
+    async def drain_cleanups(self) -> None:
+        """Waits for pending presence deletes (called on shutdown)."""
+        if self._cleanups:
+            await asyncio.wait(set(self._cleanups), timeout=2.0)
+
+    def _presence_record(self, hello: telemetry_pb2.Hello) -> records_pb2.ReplicaPresence:
+        ts = timestamp_pb2.Timestamp()
+        ts.FromNanoseconds(int(self._wall() * 1e9))
+        return records_pb2.ReplicaPresence(
+            replica_id=hello.replica_id, pool=hello.pool, endpoint=hello.endpoint, region=hello.region,
+            zone=hello.zone, controlplane_id=self._id, connected_at=ts)

@@ -1,0 +1,277 @@
+"""The control plane as a real process against a real etcd, with a test gRPC agent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+import pytest
+
+from tidegate import codec, keys
+from tidegate.store.etcd import EtcdStore
+from tidegate.v1 import admin_pb2, admin_pb2_grpc, records_pb2, telemetry_pb2, telemetry_pb2_grpc
+
+pytestmark = pytest.mark.e2e
+RS = records_pb2.ReplicaState
+TIDEGATE = str(Path(sys.executable).with_name("tidegate"))
+T = TypeVar("T")
+
+
+class ControlPlaneProc:
+    def __init__(self, proc: asyncio.subprocess.Process, cp_id: str, port: int, log: Path) -> None:
+        self.proc, self.id, self.port, self.log = proc, cp_id, port, log
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+async def start_cp(etcd: str, cp_id: str, tmp: Path, *extra: str) -> ControlPlaneProc:
+    log = tmp / f"{cp_id}.log"
+    with log.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            TIDEGATE, "controlplane", "--etcd", etcd, "--listen", "127.0.0.1:0", "--id", cp_id,
+            "--tick-s", "0.2", "--log-json", *extra,
+            stdout=asyncio.subprocess.PIPE, stderr=err, start_new_session=True)
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 15)
+    except TimeoutError:
+        proc.kill()
+        raise AssertionError("control plane did not print its port: " + log.read_text()[-2000:]) from None
+    assert line, "control plane exited: " + log.read_text()[-2000:]
+    event = json.loads(line)
+    assert event["event"] == "listening" and event["port"] > 0
+    return ControlPlaneProc(proc, cp_id, event["port"], log)
+
+
+async def stop_cp(cp: ControlPlaneProc) -> int:
+    if cp.proc.returncode is None:
+        cp.proc.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(cp.proc.wait(), 10)
+        except TimeoutError:
+            cp.proc.kill()
+            await cp.proc.wait()
+            raise
+    return cp.proc.returncode
+
+
+@pytest.fixture
+async def cps(clean_etcd: str, tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[ControlPlaneProc]]]:
+    started: list[ControlPlaneProc] = []
+
+    async def start(cp_id: str, *extra: str) -> ControlPlaneProc:
+        cp = await start_cp(clean_etcd, cp_id, tmp_path, *extra)
+        started.append(cp)
+        return cp
+
+    yield start
+    for cp in started:
+        if cp.proc.returncode is None:
+            cp.proc.kill()
+            await cp.proc.wait()
+
+
+@pytest.fixture
+async def store(clean_etcd: str) -> AsyncIterator[EtcdStore]:
+    s = EtcdStore([clean_etcd])
+    await s.connect()
+    yield s
+    await s.close()
+
+
+class FakeAgent:
+    """Streams Hello then a report every `interval_s` while `sending` is set."""
+
+    def __init__(self, address: str, replica_id: str = "r1", pool: str = "m", interval_s: float = 0.2) -> None:
+        self.channel = grpc.aio.insecure_channel(address)
+        self.stub = telemetry_pb2_grpc.TelemetryStub(self.channel)
+        self.hello = telemetry_pb2.Hello(replica_id=replica_id, pool=pool, endpoint="http://127.0.0.1:9999",
+                                         region="eu", zone="eu-1", protocol_version=1, engine_kind="test")
+        self.interval_s = interval_s
+        self.sending = asyncio.Event()
+        self.sending.set()
+        self.acks: list[telemetry_pb2.Ack] = []
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _messages(self) -> AsyncIterator[telemetry_pb2.AgentMessage]:
+        yield telemetry_pb2.AgentMessage(hello=self.hello)
+        seq = 0
+        while not self._stop.is_set():
+            await self.sending.wait()
+            seq += 1
+            yield telemetry_pb2.AgentMessage(report=telemetry_pb2.Report(seq=seq, engine=telemetry_pb2.EngineStats(
+                healthy=True, num_requests_running=1, kv_capacity_tokens=1000, kv_free_tokens=600,
+                has_kv_capacity=True)))
+            await asyncio.sleep(self.interval_s)
+
+    async def _run(self) -> None:
+        call = self.stub.Stream(self._messages())
+        async for msg in call:
+            if msg.WhichOneof("msg") == "ack":
+                self.acks.append(msg.ack)
+
+    def start(self) -> FakeAgent:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, grpc.aio.AioRpcError):
+                pass
+        await self.channel.close()
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float, what: str) -> T:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+
+
+def table_probe(store: EtcdStore, pool: str,
+                pred: Callable[[records_pb2.RoutingTable], bool]) -> Callable[[], Awaitable[Any]]:
+    async def probe() -> records_pb2.RoutingTable | None:
+        kv = await store.get(keys.table(pool))
+        if kv is None:
+            return None
+        t = codec.decode(kv.value, records_pb2.RoutingTable)
+        return t if pred(t) else None
+    return probe
+
+
+def entry(t: records_pb2.RoutingTable, rid: str = "r1") -> records_pb2.RouteEntry | None:
+    return next((e for e in t.replicas if e.replica_id == rid), None)
+
+
+async def test_report_publishes_table_then_goes_stale(cps: Any, store: EtcdStore) -> None:
+    cp = await cps("cp-a", "--stale-after-s", "1")
+    agent = FakeAgent(cp.address).start()
+    try:
+        table = await eventually(table_probe(store, "m", lambda t: bool(
+            (e := entry(t)) and e.weight > 0 and e.state == RS.REPLICA_STATE_READY)), 15, "a READY entry")
+        assert table.leader_id == "cp-a" and table.schema_version == 1 and table.generation >= 1
+        e = entry(table)
+        assert e is not None and (e.endpoint, e.region, e.kv_free_tokens) == ("http://127.0.0.1:9999", "eu", 600)
+        raw = json.loads((await store.get(keys.table("m"))).value)  # type: ignore[union-attr]
+        assert raw["pool"] == "m" and raw["replicas"][0]["replicaId"] == "r1"
+        assert agent.acks and agent.acks[-1].controlplane_id == "cp-a" and agent.acks[-1].weight == e.weight
+        presence = await store.get(keys.replica("r1"))
+        assert presence is not None
+        assert codec.decode(presence.value, records_pb2.ReplicaPresence).controlplane_id == "cp-a"
+
+        agent.sending.clear()  # stream stays open, reports stop
+        gen = table.generation
+        stale = await eventually(table_probe(store, "m", lambda t: bool(
+            (e := entry(t)) and e.state == RS.REPLICA_STATE_STALE)), 10, "a STALE entry")
+        assert entry(stale).weight == 0 and stale.generation > gen  # type: ignore[union-attr]
+    finally:
+        await agent.close()
+    # Stream closed: the presence key goes away.
+    await eventually(lambda: _absent(store, keys.replica("r1")), 10, "presence deleted")
+    assert await stop_cp(cp) == 0
+
+
+async def _absent(store: EtcdStore, key: str) -> bool:
+    return await store.get(key) is None
+
+
+async def test_stream_must_start_with_a_supported_hello(cps: Any) -> None:
+    cp = await cps("cp-a")
+    async with grpc.aio.insecure_channel(cp.address) as ch:
+        stub = telemetry_pb2_grpc.TelemetryStub(ch)
+
+        async def first_report() -> AsyncIterator[telemetry_pb2.AgentMessage]:
+            yield telemetry_pb2.AgentMessage(report=telemetry_pb2.Report(seq=1))
+
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in stub.Stream(first_report()):
+                pass
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "Hello" in (err.value.details() or "")
+
+        async def future_hello() -> AsyncIterator[telemetry_pb2.AgentMessage]:
+            yield telemetry_pb2.AgentMessage(hello=telemetry_pb2.Hello(replica_id="x", pool="m",
+                                                                       protocol_version=2))
+
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in stub.Stream(future_hello()):
+                pass
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_cordon_via_admin_zeroes_weight(cps: Any, store: EtcdStore) -> None:
+    cp = await cps("cp-a")
+    agent = FakeAgent(cp.address).start()
+    try:
+        await eventually(table_probe(store, "m", lambda t: bool((e := entry(t)) and e.weight > 0)), 15, "ready")
+        async with grpc.aio.insecure_channel(cp.address) as ch:
+            admin = admin_pb2_grpc.AdminStub(ch)
+            sel = admin_pb2.Selector(replica_ids=["r1"])
+            r = await admin.Cordon(admin_pb2.CordonRequest(selector=sel, reason="test"))
+            assert [(x.changed, x.message) for x in r.results] == [(True, "cordoned")]
+            r = await admin.Cordon(admin_pb2.CordonRequest(selector=sel))
+            assert [(x.changed, x.message) for x in r.results] == [(False, "already cordoned")]
+            t = await eventually(table_probe(store, "m", lambda t: bool(
+                (e := entry(t)) and e.state == RS.REPLICA_STATE_CORDONED)), 10, "CORDONED entry")
+            assert entry(t).weight == 0  # type: ignore[union-attr]
+            listed = await admin.ListReplicas(admin_pb2.ListReplicasRequest(pool="m"))
+            assert listed.leader and [s.state for s in listed.replicas] == [RS.REPLICA_STATE_CORDONED]
+            r = await admin.Uncordon(admin_pb2.UncordonRequest(selector=sel))
+            assert [x.message for x in r.results] == ["uncordoned"]
+            await eventually(table_probe(store, "m", lambda t: bool((e := entry(t)) and e.weight > 0)), 10,
+                             "routable again")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await admin.Drain(admin_pb2.DrainRequest(selector=sel))
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await agent.close()
+
+
+async def test_only_leader_publishes_and_standby_takes_over(cps: Any, store: EtcdStore) -> None:
+    a = await cps("cp-a", "--election-ttl-s", "2")
+    b = await cps("cp-b", "--election-ttl-s", "2")
+    # Every agent streams to both instances here, so the standby has the fleet when it takes over.
+    agents = [FakeAgent(a.address).start(), FakeAgent(b.address).start()]
+    try:
+        t = await eventually(table_probe(store, "m", lambda t: bool((e := entry(t)) and e.weight > 0)), 15,
+                             "a table")
+        leader = {"cp-a": a, "cp-b": b}[t.leader_id]
+        standby = b if leader is a else a
+        # The standby never writes while the leader lives.
+        for _ in range(10):
+            await asyncio.sleep(0.1)
+            kv = await store.get(keys.table("m"))
+            assert codec.decode(kv.value, records_pb2.RoutingTable).leader_id == leader.id  # type: ignore[union-attr]
+        gen = codec.decode((await store.get(keys.table("m"))).value,  # type: ignore[union-attr]
+                           records_pb2.RoutingTable).generation
+        os.killpg(leader.proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        t2 = await eventually(table_probe(store, "m", lambda t: t.leader_id == standby.id), 15,
+                              "the standby's table")
+        print(f"failover: standby published {time.monotonic() - killed:.2f}s after kill -9 of the leader")
+        assert t2.generation > gen
+        assert (e := entry(t2)) is not None and e.weight > 0
+    finally:
+        for ag in agents:
+            await ag.close()
+    assert await stop_cp(standby) == 0

@@ -1,0 +1,155 @@
+"""FleetState: staleness, removal and garbage telemetry, with a fake clock (no gRPC)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from controlplane.fleet import FleetState, sanitize
+from tidegate.policy.weights import WeightPolicyConfig, decide
+from tidegate.v1 import records_pb2, telemetry_pb2
+
+RS = records_pb2.ReplicaState
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def hello(rid: str = "r1", pool: str = "m") -> telemetry_pb2.Hello:
+    return telemetry_pb2.Hello(replica_id=rid, pool=pool, endpoint="http://127.0.0.1:9", protocol_version=1)
+
+
+def report(seq: int = 1, **engine: object) -> telemetry_pb2.Report:
+    fields: dict[str, object] = dict(healthy=True, num_requests_running=2, kv_capacity_tokens=1000,
+                                     kv_free_tokens=500, has_kv_capacity=True)
+    fields.update(engine)
+    return telemetry_pb2.Report(seq=seq, engine=telemetry_pb2.EngineStats(**fields))
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def fleet(clock: FakeClock) -> FleetState:
+    return FleetState(WeightPolicyConfig(stale_after_s=3, remove_after_s=30), now=clock)
+
+
+def state_of(fleet: FleetState, rid: str = "r1") -> tuple[str, float]:
+    view = fleet.view(rid)
+    assert view is not None
+    d = decide(view, fleet.policy)
+    return RS.Name(d.state), d.weight
+
+
+def test_joining_then_ready_then_stale_then_removed(fleet: FleetState, clock: FakeClock) -> None:
+    fleet.on_hello(hello())
+    assert state_of(fleet) == ("REPLICA_STATE_JOINING", 0.0)
+    d = fleet.on_report(hello(), report())
+    assert (RS.Name(d.state), d.weight) == ("REPLICA_STATE_READY", 50.0)
+    clock.t += 3.0
+    assert state_of(fleet)[0] == "REPLICA_STATE_READY"      # exactly stale_after is not stale yet
+    clock.t += 0.1
+    assert state_of(fleet) == ("REPLICA_STATE_STALE", 0.0)
+    clock.t += 26.8
+    assert fleet.prune() == []
+    clock.t += 0.2
+    assert fleet.prune() == ["r1"]
+    assert fleet.view("r1") is None and len(fleet) == 0
+
+
+def test_report_after_prune_reregisters(fleet: FleetState, clock: FakeClock) -> None:
+    fleet.on_report(hello(), report())
+    clock.t += 60
+    assert fleet.prune() == ["r1"]
+    d = fleet.on_report(hello(), report(seq=2))
+    assert d.state == RS.REPLICA_STATE_READY and len(fleet) == 1
+
+
+def test_hello_without_reports_is_pruned(fleet: FleetState, clock: FakeClock) -> None:
+    fleet.on_hello(hello())
+    clock.t += 31
+    assert fleet.prune() == ["r1"]
+
+
+def test_bad_hello_rejected(fleet: FleetState) -> None:
+    with pytest.raises(ValueError, match="replica_id"):
+        fleet.on_hello(telemetry_pb2.Hello(pool="m"))
+    with pytest.raises(ValueError, match="pool"):
+        fleet.on_hello(telemetry_pb2.Hello(replica_id="x"))
+
+
+def test_intents_apply_to_views(fleet: FleetState) -> None:
+    fleet.on_report(hello(), report())
+    fleet.set_intents({"r1": records_pb2.ReplicaIntent(replica_id="r1", cordoned=True)})
+    assert state_of(fleet) == ("REPLICA_STATE_CORDONED", 0.0)
+    fleet.set_intents({"r1": records_pb2.ReplicaIntent(replica_id="r1", draining=True)})
+    assert state_of(fleet)[0] == "REPLICA_STATE_DRAINING"
+    fleet.on_report(hello(), report(seq=2, num_requests_running=0))
+    assert state_of(fleet)[0] == "REPLICA_STATE_DRAINED"
+    fleet.set_intents({})
+    assert state_of(fleet)[0] == "REPLICA_STATE_READY"
+
+
+def test_views_sorted_and_age(fleet: FleetState, clock: FakeClock) -> None:
+    fleet.on_report(hello("b"), report())
+    clock.t += 1.5
+    fleet.on_report(hello("a", pool="p"), report())
+    vs = fleet.views()
+    assert [(x.replica_id, x.pool, x.report_age_s) for x in vs] == [("a", "p", 0.0), ("b", "m", 1.5)]
+
+
+def test_preemption_rate_and_counter_reset(fleet: FleetState, clock: FakeClock) -> None:
+    fleet.on_report(hello(), report(preemptions_total=10))
+    clock.t += 2
+    fleet.on_report(hello(), report(preemptions_total=20))
+    assert fleet.view("r1").preemptions_per_s == 5.0  # type: ignore[union-attr]
+    clock.t += 1
+    fleet.on_report(hello(), report(preemptions_total=1))  # engine restarted
+    assert fleet.view("r1").preemptions_per_s == 0.0  # type: ignore[union-attr]
+
+
+GARBAGE = [
+    ("negative-counts", dict(num_requests_running=-3, num_requests_waiting=-1), ["running -3 < 0", "waiting -1 < 0"]),
+    ("nan-usage", dict(kv_capacity_tokens=0, kv_free_tokens=0, has_kv_capacity=False, kv_cache_usage=math.nan),
+     ["kv_cache_usage not finite"]),
+    ("usage-above-one", dict(kv_capacity_tokens=0, has_kv_capacity=False, kv_cache_usage=1.7),
+     ["kv_cache_usage 1.7 > 1"]),
+    ("capacity-zero-claimed", dict(kv_capacity_tokens=0, kv_free_tokens=50),
+     ["kv_capacity_tokens 0 <= 0, treated as unknown"]),
+    ("free-above-capacity", dict(kv_free_tokens=5000), ["kv_free_tokens 5000 > capacity 1000"]),
+    ("free-negative", dict(kv_free_tokens=-5), ["kv_free_tokens -5 < 0"]),
+    ("inf-latency", dict(ttft=telemetry_pb2.LatencySummary(p95_ms=math.inf)), ["ttft_p95_ms not finite"]),
+]
+
+
+@pytest.mark.parametrize(("engine", "flags"), [g[1:] for g in GARBAGE], ids=[g[0] for g in GARBAGE])
+def test_garbage_telemetry_clamped_and_flagged(fleet: FleetState, engine: dict[str, object],
+                                               flags: list[str]) -> None:
+    stats = sanitize(report(**engine))
+    assert list(stats.flags) == flags
+    assert stats.running >= 0 and stats.waiting >= 0 and 0 <= stats.kv_usage <= 1
+    assert 0 <= stats.kv_free_tokens <= max(stats.kv_capacity_tokens, 0)
+    d = fleet.on_report(hello(), report(**engine))
+    assert math.isfinite(d.weight) and d.weight >= 0
+    assert "telemetry clamped" in d.reason
+
+
+def test_missing_engine_and_gpu_faults(fleet: FleetState) -> None:
+    d = fleet.on_report(hello(), telemetry_pb2.Report(seq=1))
+    assert d.state == RS.REPLICA_STATE_EJECTED and "no engine stats" in d.reason
+    r = report(seq=2)
+    r.gpu_telemetry_available = True
+    r.gpus.add(index=1, ecc_uncorrected_volatile=2)
+    d = fleet.on_report(hello(), r)
+    assert d.state == RS.REPLICA_STATE_EJECTED and "uncorrectable ECC" in d.reason
+    # Fault numbers are ignored when the agent says GPU telemetry is unavailable.
+    r.gpu_telemetry_available = False
+    assert fleet.on_report(hello(), r).state == RS.REPLICA_STATE_READY
