@@ -1,0 +1,50 @@
+"""Shared fixtures: a real etcd per test session (and a private one for tests that stop it)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from tidegate.etcd_server import EmbeddedEtcd
+from tidegate.store.etcd import EtcdStore
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EmbeddedEtcd]:
+    """One etcd process for the whole session; do not stop it (use `fresh_etcd` for that)."""
+    server = EmbeddedEtcd()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def etcd_endpoint(etcd_server: EmbeddedEtcd) -> str:
+    """"127.0.0.1:PORT" of the session's etcd."""
+    return etcd_server.endpoint
+
+
+@pytest.fixture
+async def clean_etcd(etcd_endpoint: str) -> AsyncIterator[str]:
+    """The session etcd with every /tidegate/ key deleted before the test; yields the endpoint."""
+    store = EtcdStore([etcd_endpoint])
+    await store.connect()
+    try:
+        await store.delete_prefix("/tidegate/")
+    finally:
+        await store.close()
+    yield etcd_endpoint
+
+
+@pytest.fixture
+def fresh_etcd() -> Iterator[EmbeddedEtcd]:
+    """A private etcd for this test only (tests that stop, kill or restart etcd)."""
+    server = EmbeddedEtcd()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
