@@ -8,6 +8,10 @@ few dozen concurrent requests pass ``--profile tiny-h100``; router-overhead benc
 
 With ``--port 0`` the OS picks a free port, and one JSON line ``{"event": "listening", "port": N}``
 is printed on stdout so that a parent process can find it.
+
+``tidegate sim calibrate [--profile NAME] [--json]`` prints the cost model's step times next to the
+packaged reference measurements (simulator.calibrate) and exits 1 when a point is off by more than
+its tolerance.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import structlog
 from aiohttp import web
 from pydantic import Field, field_validator
 
+from simulator import calibrate
 from simulator.engine import Engine
 from simulator.metrics import FLAVORS
 from simulator.profiles import Profile, ProfileError, get_profile, profile_names
@@ -41,7 +46,7 @@ class SimConfig(ConfigBase):
     port: int = Field(8000, ge=0, lt=65536, description="Port to listen on; 0 picks a free port and prints it.")
     model: str | None = Field(None, description="Served model name (default: the profile's model).")
     profile: str = Field(DEFAULT_PROFILE, description="Simulated GPU/model profile (see simulator/profiles).")
-    metrics_flavor: str = Field("vllm", description="Names of /metrics: vllm (V1) or vllm-v0.")
+    metrics_flavor: str = Field("vllm", description="Names of /metrics: vllm (V1), vllm-v0 or sglang.")
     seed: int = Field(0, description="Seed of the simulator's random generator.")
     max_num_seqs: int | None = Field(None, gt=0, description="Override the profile's max_num_seqs.")
     max_num_batched_tokens: int | None = Field(None, gt=0,
@@ -71,11 +76,20 @@ CONFIG_CLASS = SimConfig
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, SimConfig)
     parser.epilog = "profiles: " + ", ".join(profile_names())
+    # Optional, so that `tidegate sim --port 0 ...` (no sub-subcommand) still serves.
+    sub = parser.add_subparsers(dest="sim_command", metavar="{calibrate}", required=False)
+    cal = sub.add_parser("calibrate", help="Compare the profiles' step times with reference measurements.",
+                         description="Print the cost model's step times next to the packaged reference "
+                                     "measurements and the relative error; exit 1 when a point is off by "
+                                     "more than its tolerance.")
+    cal.add_argument("--profile", dest="calibrate_profile", default=None, metavar="NAME",
+                     help="Check one profile (default: every profile with reference data).")
+    cal.add_argument("--json", dest="calibrate_json", action="store_true", help="Print JSON instead of a table.")
 
 
 async def serve(cfg: SimConfig, profile: Profile) -> None:
     model = cfg.model or profile.model
-    engine = Engine(profile, random.Random(cfg.seed))
+    engine = Engine(profile, random.Random(cfg.seed), keep_results=False)
     app = create_app(engine, model, metrics_flavor=cfg.metrics_flavor, speedup=cfg.speedup,
                      fail_health=cfg.fail_health)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -106,6 +120,8 @@ async def serve(cfg: SimConfig, profile: Profile) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "sim_command", None) == "calibrate":
+        return calibrate.run_cli(args.calibrate_profile, args.calibrate_json)
     try:
         cfg = load(SimConfig, "sim", args, getattr(args, "config", None))
         logs.configure(cfg.log_level, cfg.log_json, process="sim")

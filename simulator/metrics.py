@@ -1,10 +1,26 @@
-"""Prometheus exposition of a simulated replica, with vLLM's metric names and buckets.
+"""Prometheus exposition of a simulated replica, with a real engine's metric names and buckets.
 
-Flavours: ``vllm`` (V1 names, labels model_name and engine) and ``vllm-v0`` (V0 names:
-gpu_cache_usage_perc and time_per_output_token_seconds, label model_name). Engine state (queue
-gauges, KV usage, token and preemption counters) is read from the engine at scrape time, so the
-exposition can never drift from the engine; per-request latencies are histograms observed by the
-server. Every server owns its registry (no global state).
+Flavours (``--metrics-flavor``):
+
+- ``vllm``: vLLM V1 names, labels model_name and engine (vllm/v1/metrics/loggers.py):
+  vllm:num_requests_running / _waiting, vllm:kv_cache_usage_perc, vllm:num_preemptions_total,
+  vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:prefix_cache_queries_total and
+  vllm:prefix_cache_hits_total (tokens), vllm:request_success_total, vllm:cache_config_info, and
+  the histograms vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
+  vllm:e2e_request_latency_seconds.
+- ``vllm-v0``: the V0 names, label model_name: vllm:gpu_cache_usage_perc,
+  vllm:num_requests_swapped, vllm:gpu_prefix_cache_hit_rate, vllm:time_per_output_token_seconds.
+- ``sglang``: SGLang names, label model_name (python/sglang/srt/metrics/collector.py):
+  sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage, sglang:num_used_tokens,
+  sglang:max_total_num_tokens, sglang:cache_hit_rate, sglang:prompt_tokens_total,
+  sglang:generation_tokens_total, sglang:cached_tokens_total, sglang:num_requests_total,
+  sglang:num_aborted_requests_total, sglang:num_retracted_requests_total (our preemptions), and
+  the histograms sglang:time_to_first_token_seconds, sglang:inter_token_latency_seconds,
+  sglang:e2e_request_latency_seconds with SGLang's default buckets.
+
+Engine state (queue gauges, KV usage, token, cache and preemption counters) is read from the
+engine at scrape time, so the exposition can never drift from the engine; per-request latencies
+are histograms observed by the server. Every server owns its registry (no global state).
 """
 
 from __future__ import annotations
@@ -16,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from simulator.engine import Engine
 
-FLAVORS = ("vllm", "vllm-v0")
+FLAVORS = ("vllm", "vllm-v0", "sglang")
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -25,6 +41,13 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                20.0, 40.0, 80.0)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                            60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+# SGLang's default buckets (TokenizerMetricsCollector).
+SGLANG_TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+SGLANG_ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
+                      0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000)
+SGLANG_E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200,
+                      1800, 2400)
 
 
 class _EngineCollector:
@@ -46,6 +69,9 @@ class _EngineCollector:
 
     def collect(self) -> Iterator[Metric]:
         s = self._engine.stats()
+        if self._flavor == "sglang":
+            yield from self._collect_sglang()
+            return
         yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
                           s.running)
         yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
@@ -54,22 +80,50 @@ class _EngineCollector:
             yield self._gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", 0)
             yield self._gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
                               s.kv_usage)
+            rate = s.prefix_cache_hits_total / s.prefix_cache_queries_total if s.prefix_cache_queries_total else 0.0
+            yield self._gauge("vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate.", rate)
         else:
             yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                               s.kv_usage)
+            yield self._counter("vllm:prefix_cache_queries",
+                                "Prefix cache queries, in terms of number of queried tokens.",
+                                s.prefix_cache_queries_total)
+            yield self._counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                                s.prefix_cache_hits_total)
         yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
                             s.preemptions_total)
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total)
         yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
                             s.generation_tokens_total)
         info = {"block_size": str(s.block_size), "num_gpu_blocks": str(s.num_gpu_blocks),
-                "cache_dtype": "auto", "gpu_memory_utilization": "0.9", "enable_prefix_caching": "False"}
+                "cache_dtype": "auto", "gpu_memory_utilization": "0.9",
+                "enable_prefix_caching": str(self._engine.enable_prefix_caching)}
         if self._flavor != "vllm-v0":
             info["engine"] = "0"
         g = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                               labels=list(info))
         g.add_metric(list(info.values()), 1)
         yield g
+
+    def _collect_sglang(self) -> Iterator[Metric]:
+        s = self._engine.stats()
+        capacity = s.num_gpu_blocks * s.block_size
+        yield self._gauge("sglang:num_running_reqs", "The number of running requests.", s.running)
+        yield self._gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", s.waiting)
+        yield self._gauge("sglang:num_used_tokens", "The number of used tokens.", s.used_blocks * s.block_size)
+        yield self._gauge("sglang:token_usage", "The token usage.", s.kv_usage)
+        yield self._gauge("sglang:max_total_num_tokens",
+                          "Maximum total number of tokens in the KV cache pool.", capacity)
+        rate = s.prefix_cache_hits_total / s.prefix_cache_queries_total if s.prefix_cache_queries_total else 0.0
+        yield self._gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", rate)
+        yield self._counter("sglang:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total)
+        yield self._counter("sglang:generation_tokens", "Number of generation tokens processed.",
+                            s.generation_tokens_total)
+        yield self._counter("sglang:cached_tokens", "Number of cached prompt tokens.", s.prefix_cache_hits_total)
+        yield self._counter("sglang:num_requests", "Number of requests processed.", s.requests_finished_total)
+        yield self._counter("sglang:num_aborted_requests", "Number of requests aborted.", s.requests_aborted_total)
+        yield self._counter("sglang:num_retracted_requests", "Total number of retracted requests.",
+                            s.preemptions_total)
 
 
 class SimMetrics:
@@ -80,20 +134,26 @@ class SimMetrics:
             raise ValueError(f"unknown metrics flavor {flavor!r}; valid: {', '.join(FLAVORS)}")
         self.flavor = flavor
         self.registry = CollectorRegistry(auto_describe=True)
-        labels = {"model_name": model_name} if flavor == "vllm-v0" else {"model_name": model_name, "engine": "0"}
+        labels = {"model_name": model_name} if flavor != "vllm" else {"model_name": model_name, "engine": "0"}
         names = list(labels)
         values = list(labels.values())
         self.registry.register(_EngineCollector(engine, labels, flavor))
-        self._ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                               names, buckets=TTFT_BUCKETS, registry=self.registry).labels(*values)
-        itl_name = ("vllm:time_per_output_token_seconds" if flavor == "vllm-v0"
-                    else "vllm:inter_token_latency_seconds")
+        self._success: Counter | None = None
+        if flavor == "sglang":
+            prefix, buckets = "sglang:", (SGLANG_TTFT_BUCKETS, SGLANG_ITL_BUCKETS, SGLANG_E2E_BUCKETS)
+            itl_name = "sglang:inter_token_latency_seconds"
+        else:
+            prefix, buckets = "vllm:", (TTFT_BUCKETS, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS)
+            itl_name = ("vllm:time_per_output_token_seconds" if flavor == "vllm-v0"
+                        else "vllm:inter_token_latency_seconds")
+            self._success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                                    [*names, "finished_reason"], registry=self.registry)
+        self._ttft = Histogram(prefix + "time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                               names, buckets=buckets[0], registry=self.registry).labels(*values)
         self._itl = Histogram(itl_name, "Histogram of inter-token latency in seconds.", names,
-                              buckets=ITL_BUCKETS, registry=self.registry).labels(*values)
-        self._e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                              names, buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry).labels(*values)
-        self._success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                                [*names, "finished_reason"], registry=self.registry)
+                              buckets=buckets[1], registry=self.registry).labels(*values)
+        self._e2e = Histogram(prefix + "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                              names, buckets=buckets[2], registry=self.registry).labels(*values)
         self._label_values = values
 
     def observe_first_token(self, ttft_s: float) -> None:
@@ -104,7 +164,8 @@ class SimMetrics:
 
     def observe_finished(self, e2e_s: float, finish_reason: str = "length") -> None:
         self._e2e.observe(e2e_s)
-        self._success.labels(*self._label_values, finish_reason).inc()
+        if self._success is not None:
+            self._success.labels(*self._label_values, finish_reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

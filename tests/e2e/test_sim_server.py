@@ -300,3 +300,115 @@ def test_subprocess_cli_port_zero_and_sigterm():
             proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+
+
+SGLANG_NAMES = {
+    "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:max_total_num_tokens",
+    "sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds", "sglang:e2e_request_latency_seconds",
+    "sglang:prompt_tokens", "sglang:generation_tokens", "sglang:num_requests", "sglang:cache_hit_rate",
+}
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "vllm-v0", "sglang"])
+async def test_agent_parser_reads_every_flavor(flavor):
+    """The agent's adapter (agent.normalize.parse_metrics) on the sim's real /metrics, under load."""
+    from agent.normalize import TelemetryParseError, parse_metrics
+
+    runner, app, base = await start(speedup=20.0, flavor=flavor)
+    sim = app[SIM_KEY]
+    tasks: list[asyncio.Task] = []
+    try:
+        async with aiohttp.ClientSession() as session:
+            body = {"model": MODEL, "prompt": "x" * 4 * 3000, "max_tokens": 400}
+            tasks = [asyncio.create_task(session.post(base + "/v1/completions", json=body)) for _ in range(14)]
+            for _ in range(2000):
+                s = sim.engine.stats()
+                if s.waiting > 0 and s.kv_usage > 0.5:
+                    break
+                await asyncio.sleep(0.005)
+            # Record what the exposition itself read from the engine (the driver keeps stepping).
+            seen = []
+            stats = sim.engine.stats
+            sim.engine.stats = lambda: seen.append(stats()) or seen[-1]
+            async with session.get(base + "/metrics") as r:
+                text = await r.text()
+            del sim.engine.stats
+            s = seen[-1]
+            sample = parse_metrics(text, MODEL)
+            assert (sample.running, sample.waiting) == (s.running, s.waiting)
+            assert s.running > 0 and s.waiting > 0
+            assert sample.kv_usage == pytest.approx(s.kv_usage) and sample.kv_usage > 0.5
+            assert sample.kv_capacity_tokens == 2048 * 16
+            with pytest.raises(TelemetryParseError):  # the model_name label is there and filters
+                parse_metrics(text, "another-model")
+            if flavor == "sglang":
+                assert sample.engine == "sglang" and SGLANG_NAMES <= set(metric_families(text))
+                assert all(s.labels.get("model_name") == MODEL
+                           for f in metric_families(text).values() for s in f.samples if "le" not in s.labels)
+            else:
+                assert sample.engine == "vllm"
+            responses = await asyncio.gather(*tasks)
+            for resp in responses:
+                resp.release()
+            async with session.get(base + "/metrics") as r:
+                done = parse_metrics(await r.text(), MODEL)
+        s = sim.engine.stats()
+        assert (done.running, done.waiting, done.kv_usage) == (0, 0, 0.0)
+        assert done.generation_tokens_total == s.generation_tokens_total == 14 * 400
+        assert done.prompt_tokens_total == 14 * 3000
+        assert len(done.ttft) > 1 and done.ttft[-1][1] == 14  # +Inf bucket holds every request
+        if flavor == "sglang":
+            assert done.preemptions_total is None
+        else:
+            assert done.preemptions_total == s.preemptions_total
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await runner.cleanup()
+
+
+async def test_prefix_cache_counters_in_metrics():
+    engine = Engine(get_profile("tiny-h100"), random.Random(0))
+    engine.add_request("a", 100, 1, 0.0, prefix_hashes=tuple(range(6)))
+    engine.advance(1.0)
+    engine.add_request("b", 100, 1, engine.clock_s, prefix_hashes=tuple(range(6)))
+    engine.advance(engine.clock_s + 1.0)
+    app = create_app(engine, MODEL)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as r:
+            fams = metric_families(await r.text())
+    finally:
+        await runner.cleanup()
+    assert sample(fams, "vllm:prefix_cache_queries", "vllm:prefix_cache_queries_total") == 200
+    assert sample(fams, "vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total") == 96
+    info = next(s for s in fams["vllm:cache_config_info"].samples)
+    assert info.labels["enable_prefix_caching"] == "True"
+
+
+def test_subprocess_cli_sglang_flavor():
+    cmd = [sys.executable, "-m", "tidegate.cli.main", "sim", "--port", "0", "--profile", "instant",
+           "--metrics-flavor", "sglang"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        port = json.loads(proc.stdout.readline())["port"]
+
+        async def scrape() -> str:
+            async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as r:
+                return await r.text()
+
+        assert SGLANG_NAMES <= set(metric_families(asyncio.run(scrape())))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
