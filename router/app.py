@@ -1,0 +1,78 @@
+"""The router's aiohttp application: OpenAI endpoints, /health, /metrics."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from router.metrics import RouterMetrics
+from router.parse import CHAT_PATH, COMPLETIONS_PATH, error_body
+from router.proxy import Proxy, json_error
+from router.tables import RoutingTables
+
+MIB = 1024 * 1024
+
+
+def make_session(connect_timeout_s: float, limit: int = 10_000) -> aiohttp.ClientSession:
+    """One shared client session for every engine. Bodies pass through untouched (no
+    decompression); only connecting has its own timeout, the first byte is timed by the proxy."""
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=30,
+                                     enable_cleanup_closed=True)
+    return aiohttp.ClientSession(
+        connector=connector, auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
+        skip_auto_headers=("User-Agent",),
+    )
+
+
+@web.middleware
+async def _openai_errors(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    """aiohttp's own errors (404 route, 405) answered in the OpenAI error envelope."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        return json_error(exc.status, exc.reason, kind)
+
+
+def build_app(proxy: Proxy, tables: RoutingTables, metrics: RouterMetrics, router_id: str,
+              max_body_bytes: int = 4 * MIB) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[_openai_errors])
+
+    async def models(_: web.Request) -> web.Response:
+        data = [{"id": pool, "object": "model", "created": 0, "owned_by": "tidegate"}
+                for pool, t in sorted(tables.pools().items()) if t.has_replicas]
+        return web.json_response({"object": "list", "data": data})
+
+    async def health(_: web.Request) -> web.Response:
+        synced = tables.synced.is_set()
+        body = {
+            "status": "ok" if synced else "unsynced",
+            "router_id": router_id,
+            "synced": synced,
+            "etcd_healthy": tables.etcd_healthy,
+            "pools": {pool: {"generation": t.generation, "replicas": len(t.entries)}
+                      for pool, t in sorted(tables.pools().items())},
+        }
+        return web.Response(status=200 if synced else 503, text=json.dumps(body),
+                            content_type="application/json")
+
+    async def prom(_: web.Request) -> web.Response:
+        resp = web.Response(body=generate_latest(metrics.registry))
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    app.router.add_post(CHAT_PATH, proxy.handle)
+    app.router.add_post(COMPLETIONS_PATH, proxy.handle)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", prom)
+    return app
+
+
+__all__ = ["build_app", "make_session", "error_body", "MIB"]

@@ -1,0 +1,35 @@
+"""In-flight requests per replica, owned by the proxy (acquired per attempt, released in finally)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+
+class InflightCounter:
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+
+    def acquire(self, replica_id: str) -> None:
+        self._counts[replica_id] = self._counts.get(replica_id, 0) + 1
+
+    def release(self, replica_id: str) -> None:
+        n = self._counts.get(replica_id, 0) - 1
+        if n < 0:  # a bug elsewhere; never report a negative load
+            n = 0
+        self._counts[replica_id] = n
+
+    def get(self, replica_id: str) -> int:
+        return self._counts.get(replica_id, 0)
+
+    def snapshot(self) -> Mapping[str, int]:
+        return MappingProxyType(dict(self._counts))
+
+    @property
+    def total(self) -> int:
+        return sum(self._counts.values())
+
+    def prune(self, keep: set[str]) -> None:
+        """Forget idle replicas that left every table (bounds the map and metric labels)."""
+        for rid in [r for r, n in self._counts.items() if n == 0 and r not in keep]:
+            del self._counts[rid]

@@ -1,0 +1,159 @@
+"""`tidegate router`: the composition root of one router process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import sys
+import time
+
+import structlog
+from aiohttp import web
+from pydantic import Field
+
+from router.app import MIB, build_app, make_session
+from router.budget import RetryBudget
+from router.inflight import InflightCounter
+from router.metrics import RouterMetrics
+from router.presence import PresencePublisher
+from router.proxy import Proxy, ProxySettings
+from router.tables import RoutingTables
+from tidegate import keys, logs
+from tidegate.config import ConfigBase, ConfigError, EtcdFields, add_flags, load
+from tidegate.errors import StoreError
+from tidegate.store.api import Store
+from tidegate.store.etcd import EtcdStore
+from tidegate.store.lease import LeaseKeeper
+from tidegate.store.watchcache import WatchCache
+
+log = structlog.get_logger(__name__)
+
+PRESENCE_TTL_S = 10
+PRESENCE_INTERVAL_S = 2.0
+
+
+class RouterConfig(ConfigBase, EtcdFields):
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8080, ge=0, le=65535, description="Port to listen on (0: any free port, printed as JSON).")
+    router_id: str | None = Field(None, description="This router's id (default: hostname-pid).")
+    region: str = Field("local", description="Region this router serves from.")
+    max_retries: int = Field(2, ge=0, le=10, description="Retries to another replica before the first byte.")
+    retry_budget_ratio: float = Field(0.2, ge=0, le=1,
+                                      description="Router-wide retries allowed per request (token bucket).")
+    connect_timeout_s: float = Field(2.0, gt=0, description="Timeout to connect to an engine, seconds.")
+    first_byte_timeout_s: float = Field(60.0, gt=0,
+                                        description="Timeout until an engine's first body byte, seconds (504).")
+    max_body_bytes: int = Field(4 * MIB, gt=0, description="Largest request body accepted (413 above).")
+    max_connections: int = Field(10_000, gt=0, description="Most open connections to engines, in total.")
+    shutdown_grace_s: float = Field(5.0, ge=0, description="On SIGTERM, how long in-flight requests may finish.")
+    seed: int | None = Field(None, description="Seed of the replica picker's RNG (reproducible runs).")
+
+
+CONFIG_CLASS = RouterConfig
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add_flags(parser, RouterConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load(RouterConfig, "router", args, getattr(args, "config", None))
+        if not cfg.etcd:
+            raise ConfigError("invalid configuration: router.etcd: required, give --etcd HOST:PORT[,...] "
+                              "(from default)")
+    except ConfigError as exc:
+        print(f"tidegate router: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(cfg.log_level, cfg.log_json, process="router")
+    return asyncio.run(serve(cfg))
+
+
+async def _connect(store: EtcdStore) -> None:
+    attempt = 0
+    while True:
+        try:
+            await store.connect()
+            return
+        except StoreError as exc:
+            if attempt == 0:
+                log.warning("etcd_connect_failed", error=str(exc))
+            await asyncio.sleep(min(5.0, 0.2 * 2 ** attempt) * random.uniform(0.5, 1.0))
+            attempt += 1
+
+
+async def _sync_tables(store: Store, tables: RoutingTables) -> None:
+    cache = WatchCache(store, keys.TABLES, on_change=tables.on_change)
+    task = asyncio.create_task(cache.run(), name="tables-watch")
+    try:
+        while True:
+            tables.etcd_healthy = cache.healthy
+            if cache.synced.is_set():
+                tables.mark_synced()
+            await asyncio.sleep(0.05 if not tables.synced.is_set() else 0.5)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def serve(cfg: RouterConfig) -> int:
+    router_id = cfg.router_id or f"{socket.gethostname()}-{os.getpid()}"
+    structlog.contextvars.bind_contextvars(router_id=router_id)
+    tables = RoutingTables()
+    inflight = InflightCounter()
+    metrics = RouterMetrics(tables, inflight, wall=time.time)
+    budget = RetryBudget(time.monotonic, ratio=cfg.retry_budget_ratio)
+    session = make_session(cfg.connect_timeout_s, limit=cfg.max_connections)
+    proxy = Proxy(tables, session, inflight, budget, metrics, random.Random(cfg.seed),
+                  ProxySettings(max_retries=cfg.max_retries, first_byte_timeout_s=cfg.first_byte_timeout_s))
+    app = build_app(proxy, tables, metrics, router_id, cfg.max_body_bytes)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=cfg.shutdown_grace_s,
+                           access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=4096)
+    await site.start()
+    port = runner.addresses[0][1]
+    print(json.dumps({"event": "listening", "port": port}), flush=True)
+    log.info("router_listening", host=cfg.host, port=port, etcd=",".join(cfg.etcd))
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    store = EtcdStore(cfg.etcd, timeout_s=cfg.etcd_timeout_s)
+    keeper = LeaseKeeper(store, PRESENCE_TTL_S)
+    presence = PresencePublisher(keeper, router_id, cfg.region, f"http://{cfg.host}:{port}", inflight, tables,
+                                 interval_s=PRESENCE_INTERVAL_S)
+    tasks: list[asyncio.Task[None]] = []
+
+    async def background() -> None:
+        await _connect(store)
+        tasks.append(asyncio.create_task(_sync_tables(store, tables), name="tables"))
+        tasks.append(asyncio.create_task(keeper.run(), name="lease"))
+        tasks.append(asyncio.create_task(presence.run(), name="presence"))
+
+    starter = asyncio.create_task(background(), name="connect")
+    try:
+        await stop.wait()
+        log.info("router_stopping", inflight=inflight.total, grace_s=cfg.shutdown_grace_s)
+        # stops accepting, then lets in-flight handlers finish for up to shutdown_grace_s
+        await runner.cleanup()
+    finally:
+        starter.cancel()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(starter, *tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await keeper.close()
+        await session.close()
+        await store.close()
+    log.info("router_stopped")
+    return 0

@@ -1,0 +1,80 @@
+"""The router's Prometheus metrics, in a per-process registry (no global registry)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from router.inflight import InflightCounter
+from router.tables import RoutingTables
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class _StateCollector(Collector):
+    """Gauges read at scrape time from their single owners (no copies to keep in sync)."""
+
+    def __init__(self, tables: RoutingTables, inflight: InflightCounter, wall: Callable[[], float]) -> None:
+        self._tables = tables
+        self._inflight = inflight
+        self._wall = wall
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        pools = self._tables.pools()
+        known = {e.replica_id for t in pools.values() for e in t.entries}
+        self._inflight.prune(known)
+        g = GaugeMetricFamily("tidegate_router_inflight", "Requests this router has in flight, per replica.",
+                              labels=["replica_id"])
+        for rid, n in sorted(self._inflight.snapshot().items()):
+            g.add_metric([rid], n)
+        yield g
+        yield GaugeMetricFamily("tidegate_router_inflight_requests", "Requests in flight at this router.",
+                                value=self._inflight.total)
+        age = GaugeMetricFamily("tidegate_router_table_age_seconds",
+                                "Seconds since the leader computed each pool's routing table.",
+                                labels=["pool"])
+        gen = GaugeMetricFamily("tidegate_router_table_generation", "Generation of each pool's table.",
+                                labels=["pool"])
+        now = self._wall()
+        for pool, t in sorted(pools.items()):
+            if t.computed_at_s is not None:
+                age.add_metric([pool], max(0.0, now - t.computed_at_s))
+            gen.add_metric([pool], t.generation)
+        yield age
+        yield gen
+        yield GaugeMetricFamily("tidegate_router_etcd_healthy",
+                                "1 when the table watch is connected to etcd.",
+                                value=1.0 if self._tables.etcd_healthy else 0.0)
+        yield GaugeMetricFamily("tidegate_router_tables_synced", "1 once the routing tables were listed.",
+                                value=1.0 if self._tables.synced.is_set() else 0.0)
+
+
+class RouterMetrics:
+    def __init__(self, tables: RoutingTables, inflight: InflightCounter, wall: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("tidegate_router_requests", "Requests answered, by model and HTTP status.",
+                                ["model", "status"], registry=r)
+        self.upstream_latency = Histogram(
+            "tidegate_router_upstream_latency_seconds",
+            "From sending to an engine to its response headers, per attempt.", ["model"],
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.duration = Histogram("tidegate_router_request_duration_seconds",
+                                  "Whole request at the router, until the last byte.", ["model"],
+                                  buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("tidegate_router_ttft_seconds",
+                              "Streaming requests: arrival at the router to the first body chunk sent.",
+                              ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.retries = Counter("tidegate_router_retries", "Retries to another replica, by reason.",
+                               ["model", "reason"], registry=r)
+        self.retry_refused = Counter("tidegate_router_retry_budget_exhausted",
+                                     "Retries refused by the router-wide retry budget.", registry=r)
+        self.upstream_errors = Counter("tidegate_router_upstream_errors",
+                                       "Failed attempts to an engine, by replica and kind.",
+                                       ["replica_id", "kind"], registry=r)
+        self.client_disconnects = Counter("tidegate_router_client_disconnects",
+                                          "Requests the client abandoned before the end.", registry=r)
+        r.register(_StateCollector(tables, inflight, wall))

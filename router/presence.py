@@ -1,0 +1,51 @@
+"""Router presence: a leased `RouterPresence` record, refreshed with what we hold in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import structlog
+
+from router.inflight import InflightCounter
+from router.tables import RoutingTables
+from tidegate import codec, keys
+from tidegate.store.lease import LeaseKeeper
+from tidegate.v1.records_pb2 import RouterPresence
+
+log = structlog.get_logger(__name__)
+
+
+def presence_record(router_id: str, region: str, url: str, inflight: InflightCounter, tables: RoutingTables,
+                    wall_s: float) -> RouterPresence:
+    rec = RouterPresence(router_id=router_id, region=region, url=url)
+    rec.updated_at.FromNanoseconds(int(wall_s * 1e9))
+    for rid, n in inflight.snapshot().items():
+        if n > 0:
+            rec.inflight_by_replica[rid] = n
+    for pool, t in tables.pools().items():
+        rec.table_generation_by_pool[pool] = t.generation
+    return rec
+
+
+class PresencePublisher:
+    def __init__(self, keeper: LeaseKeeper, router_id: str, region: str, url: str, inflight: InflightCounter,
+                 tables: RoutingTables, interval_s: float = 2.0, wall: Callable[[], float] = time.time) -> None:
+        self._keeper = keeper
+        self._key = keys.router(router_id)
+        self._router_id = router_id
+        self._region = region
+        self._url = url
+        self._inflight = inflight
+        self._tables = tables
+        self._interval_s = interval_s
+        self._wall = wall
+
+    async def run(self) -> None:
+        """Writes the record every interval until cancelled (LeaseKeeper.put never raises StoreError)."""
+        while True:
+            rec = presence_record(self._router_id, self._region, self._url, self._inflight, self._tables,
+                                  self._wall())
+            await self._keeper.put(self._key, codec.encode(rec))
+            await asyncio.sleep(self._interval_s)

@@ -1,0 +1,267 @@
+"""The proxy: from one OpenAI request to one engine replica and back, streaming.
+
+Per request: read the body (size-limited), parse it, look up the pool's table, pick a
+replica, forward the body unchanged and stream the answer back chunk by chunk.
+
+Retries happen only before the client has received anything: connection refused or
+reset, or an engine 5xx, before the first body chunk. At most `max_retries`, each to a
+replica not tried yet, each paid from the router-wide `RetryBudget`. A first-byte timeout
+is not retried (the engine may still be working on it) and maps to 504. After the first
+byte an upstream failure ends the response (SSE: an OpenAI-style error event first).
+A client that goes away cancels the handler (aiohttp handler_cancellation); closing the
+upstream response then closes its connection, which is how the engine learns to abort.
+
+The in-flight count of a replica is held from just before the attempt to the end of
+the streamed answer and released in `finally`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+from multidict import CIMultiDict
+
+from router.budget import RetryBudget
+from router.inflight import InflightCounter
+from router.metrics import RouterMetrics
+from router.parse import BadRequest, error_body, parse_request
+from router.tables import PoolTable, RoutingTables
+from tidegate.policy.pick import Pick, RequestFeatures, pick
+
+log = structlog.get_logger(__name__)
+
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+    "te", "trailer", "trailers", "transfer-encoding", "upgrade",
+})
+# Engines here are unauthenticated: never pass client credentials on. Accept-Encoding is
+# dropped so engines answer identity-encoded and SSE chunks flush as they come.
+_DROP_REQUEST = HOP_BY_HOP | {
+    "host", "content-length", "authorization", "cookie", "accept-encoding", "expect",
+}
+_DROP_RESPONSE = HOP_BY_HOP | {"content-length", "server", "date"}
+REPLICA_HEADER = "X-Tidegate-Replica"
+_POOL = web.RequestKey("tidegate_pool", str)      # the pool, once the model is known to be one
+_STATUS = web.RequestKey("tidegate_status", str)  # metric status when it differs from the HTTP one
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    max_retries: int = 2
+    first_byte_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """An attempt that failed before anything reached the client."""
+
+    kind: str                 # connect | reset | upstream_5xx | timeout
+    retryable: bool
+    status: int
+    message: str
+    body: bytes | None = None         # an engine's own 5xx answer, passed through if not retried
+    content_type: str | None = None
+
+
+def json_error(status: int, message: str, type_: str, param: str | None = None, code: str | None = None,
+               headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, text=json.dumps(error_body(message, type_, param, code)),
+                        content_type="application/json", headers=headers)
+
+
+def _connection_tokens(headers: Any) -> set[str]:
+    out: set[str] = set()
+    for value in headers.getall("Connection", []):
+        out.update(t.strip().lower() for t in value.split(","))
+    return out
+
+
+def forward_request_headers(headers: Any) -> CIMultiDict[str]:
+    drop = _DROP_REQUEST | _connection_tokens(headers)
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+
+
+def forward_response_headers(headers: Any) -> CIMultiDict[str]:
+    drop = _DROP_RESPONSE | _connection_tokens(headers)
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+
+
+def _sse_error(message: str) -> bytes:
+    err = error_body(message, "upstream_error", None, "upstream_stream_broken")
+    return b"data: " + json.dumps(err).encode() + b"\n\n"
+
+
+class Proxy:
+    def __init__(self, tables: RoutingTables, session: aiohttp.ClientSession, inflight: InflightCounter,
+                 budget: RetryBudget, metrics: RouterMetrics, rng: random.Random, settings: ProxySettings,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._tables = tables
+        self._session = session
+        self._inflight = inflight
+        self._budget = budget
+        self._metrics = metrics
+        self._rng = rng
+        self._settings = settings
+        self._clock = clock
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        t0 = self._clock()
+        model = "_none"  # metric label until the model is known to be a pool (bounded cardinality)
+        status = "500"
+        try:
+            resp = await self._handle(request, t0)
+            model = request.get(_POOL, model)
+            status = str(request.get(_STATUS, resp.status))
+            return resp
+        except asyncio.CancelledError:
+            model = request.get(_POOL, model)
+            status = "499"  # client closed the request
+            self._metrics.client_disconnects.inc()
+            raise
+        finally:
+            self._metrics.requests.labels(model, status).inc()
+            if model != "_none":
+                self._metrics.duration.labels(model).observe(self._clock() - t0)
+
+    async def _handle(self, request: web.Request, t0: float) -> web.StreamResponse:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            return json_error(413, exc.text or "request body too large", "invalid_request_error",
+                              code="request_too_large")
+        try:
+            _, features = parse_request(request.path, body)
+        except BadRequest as exc:
+            return json_error(400, str(exc), "invalid_request_error", param=exc.param)
+        if not self._tables.synced.is_set():
+            return json_error(503, "routing tables not synced yet", "service_unavailable",
+                              code="tables_not_synced", headers={"Retry-After": "1"})
+        table = self._tables.get(features.model)
+        if table is None:
+            return json_error(404, f"the model {features.model!r} does not exist", "invalid_request_error",
+                              param="model", code="model_not_found")
+        request[_POOL] = table.pool
+        self._budget.on_request()
+        return await self._route(request, body, table, features, t0)
+
+    async def _route(self, request: web.Request, body: bytes, table: PoolTable, features: RequestFeatures,
+                     t0: float) -> web.StreamResponse:
+        tried: list[str] = []
+        failure: _Failure | None = None
+        while True:
+            choice = pick(table.entries, self._inflight.snapshot(), features, self._rng, frozenset(tried))
+            if choice is None:
+                break
+            if failure is not None:  # this would be a retry
+                if not failure.retryable or len(tried) > self._settings.max_retries:
+                    break
+                if not self._budget.try_spend():
+                    self._metrics.retry_refused.inc()
+                    log.warning("retry_budget_exhausted", pool=table.pool)
+                    break
+                self._metrics.retries.labels(table.pool, failure.kind).inc()
+            tried.append(choice.replica_id)
+            self._inflight.acquire(choice.replica_id)
+            try:
+                result = await self._attempt(request, body, table, choice, features, t0)
+            finally:
+                self._inflight.release(choice.replica_id)
+            if isinstance(result, web.StreamResponse):
+                return result
+            failure = result
+            self._metrics.upstream_errors.labels(choice.replica_id, failure.kind).inc()
+            log.warning("upstream_attempt_failed", pool=table.pool, replica_id=choice.replica_id,
+                        kind=failure.kind, status=failure.status, attempt=len(tried), error=failure.message)
+        if failure is None:
+            return json_error(503, f"no routable replica for model {table.pool!r}", "service_unavailable",
+                              code="no_routable_replica", headers={"Retry-After": "1"})
+        if failure.body is not None:
+            return web.Response(status=failure.status, body=failure.body,
+                                headers={"Content-Type": failure.content_type or "application/json"})
+        if failure.kind == "timeout":
+            return json_error(504, failure.message, "upstream_timeout", code="first_byte_timeout")
+        return json_error(502, failure.message, "upstream_error", code=f"upstream_{failure.kind}")
+
+    async def _attempt(self, request: web.Request, body: bytes, table: PoolTable, choice: Pick,
+                       features: RequestFeatures, t0: float) -> web.StreamResponse | _Failure:
+        url = choice.endpoint + request.rel_url.path_qs
+        headers = forward_request_headers(request.headers)
+        sent = self._clock()
+        upstream: aiohttp.ClientResponse | None = None
+        done = False
+        try:
+            try:
+                async with asyncio.timeout(self._settings.first_byte_timeout_s):
+                    upstream = await self._session.post(url, data=body, headers=headers)
+                    self._metrics.upstream_latency.labels(table.pool).observe(self._clock() - sent)
+                    if upstream.status >= 500:
+                        data = await upstream.read()
+                        return _Failure("upstream_5xx", True, upstream.status,
+                                        f"engine answered {upstream.status}", data,
+                                        upstream.headers.get("Content-Type"))
+                    first = await upstream.content.readany()
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:  # nothing was sent
+                return _Failure("connect", True, 502, f"cannot connect to replica: {exc.__class__.__name__}")
+            except TimeoutError:
+                return _Failure("timeout", False, 504,
+                                "the engine did not answer within the first-byte timeout")
+            except (aiohttp.ClientError, ConnectionError) as exc:
+                return _Failure("reset", True, 502, f"connection to replica failed: {exc.__class__.__name__}")
+            result = await self._stream(request, upstream, first, table, choice, features, t0)
+            done = True
+            return result
+        finally:
+            if upstream is not None:
+                if done and upstream.content.at_eof():
+                    upstream.release()
+                else:  # cut short (error, client gone, cancel): drop the connection so the engine aborts
+                    upstream.close()
+
+    async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
+                      table: PoolTable, choice: Pick, features: RequestFeatures,
+                      t0: float) -> web.StreamResponse:
+        out = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                 headers=forward_response_headers(upstream.headers))
+        out.headers[REPLICA_HEADER] = choice.replica_id
+        is_sse = upstream.content_type == "text/event-stream"
+        if upstream.content_length is not None and not is_sse:
+            out.content_length = upstream.content_length
+        try:
+            await out.prepare(request)
+            if first:
+                await out.write(first)
+                if features.stream or is_sse:
+                    self._metrics.ttft.labels(table.pool).observe(self._clock() - t0)
+            while True:
+                try:
+                    chunk = await upstream.content.readany()
+                except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
+                    self._metrics.upstream_errors.labels(choice.replica_id, "midstream").inc()
+                    log.warning("upstream_stream_broken", pool=table.pool, replica_id=choice.replica_id,
+                                error=exc.__class__.__name__)
+                    request[_STATUS] = "502"
+                    if is_sse:
+                        await out.write(_sse_error("the engine connection broke mid-stream"))
+                        await out.write_eof()
+                    elif request.transport is not None:
+                        # a truncated body must not look complete: cut the client connection
+                        request.transport.close()
+                    return out
+                if not chunk:
+                    break
+                await out.write(chunk)
+            await out.write_eof()
+        except ConnectionResetError:  # the client went away while we wrote to it
+            request[_STATUS] = "499"
+            self._metrics.client_disconnects.inc()
+            log.info("client_disconnected", pool=table.pool, replica_id=choice.replica_id)
+        return out

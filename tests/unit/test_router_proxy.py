@@ -1,0 +1,311 @@
+"""The proxy's request parsing, error mapping, pass-through and retries, over real HTTP on
+127.0.0.1 (aiohttp test servers as engines), with hand-fed routing tables."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import time
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from router.app import build_app, make_session
+from router.budget import RetryBudget
+from router.inflight import InflightCounter
+from router.metrics import RouterMetrics
+from router.parse import BadRequest, parse_request
+from router.proxy import Proxy, ProxySettings, forward_request_headers
+from router.tables import RoutingTables
+from tidegate import codec, keys
+from tidegate.store.api import KeyValue
+from tidegate.v1.records_pb2 import RouteEntry, RoutingTable
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
+
+
+class Engine:
+    """A tiny engine: records what it received; behaviour set per test."""
+
+    def __init__(self, name: str, mode: str = "ok") -> None:
+        self.name = name
+        self.mode = mode
+        self.seen: list[dict] = []
+        self.headers: list = []
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.chat)
+        self.server = TestServer(app, host="127.0.0.1")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.port}"
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.seen.append(body)
+        self.headers.append(request.headers.copy())
+        if self.mode == "500":
+            return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=500)
+        if self.mode == "slow":
+            await asyncio.sleep(5)
+        if self.mode == "400":
+            return web.json_response({"error": {"message": "bad", "type": "invalid_request_error"}}, status=400)
+        if body.get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for i in range(3):
+                await resp.write(f"data: {json.dumps({'i': i, 'by': self.name})}\n\n".encode())
+                await asyncio.sleep(0.01)
+            if self.mode == "break":
+                request.transport.close()
+                return resp
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        return web.json_response({"object": "chat.completion", "by": self.name}, headers={"X-Engine": self.name})
+
+
+def refused_url() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    return f"http://127.0.0.1:{port}"
+
+
+class Router:
+    def __init__(self, tables: RoutingTables, **settings) -> None:
+        self.tables = tables
+        self.inflight = InflightCounter()
+        self.metrics = RouterMetrics(tables, self.inflight, wall=time.time)
+        self.max_body = settings.pop("max_body_bytes", 4 * 1024 * 1024)
+        self.settings = ProxySettings(**settings)
+        self.budget = RetryBudget(time.monotonic)
+
+    async def __aenter__(self) -> TestClient:
+        self.session = make_session(1.0)
+        proxy = Proxy(self.tables, self.session, self.inflight, self.budget, self.metrics, random.Random(1),
+                      self.settings)
+        app = build_app(proxy, self.tables, self.metrics, "r-test", self.max_body)
+        self.client = TestClient(TestServer(app, host="127.0.0.1"))
+        await self.client.start_server()
+        return self.client
+
+    async def __aexit__(self, *exc) -> None:
+        await self.client.close()
+        await self.session.close()
+
+
+def set_table(tables: RoutingTables, pool: str, entries: list[tuple[str, str, float]], rev: int = 2) -> None:
+    t = RoutingTable(pool=pool, generation=rev)
+    for rid, url, w in entries:
+        t.replicas.append(RouteEntry(replica_id=rid, endpoint=url, weight=w))
+    tables.on_change(keys.table(pool), KeyValue(keys.table(pool), codec.encode(t), rev))
+    tables.mark_synced()
+
+
+@pytest.fixture
+async def engines():
+    es = [Engine("e1"), Engine("e2")]
+    for e in es:
+        await e.server.start_server()
+    yield es
+    for e in es:
+        await e.server.close()
+
+
+# -------------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        pytest.param("/v1/chat/completions", b"{nope", None, id="malformed"),
+        pytest.param("/v1/chat/completions", b"[1,2]", None, id="not-object"),
+        pytest.param("/v1/chat/completions", b'{"messages": [{"role":"user","content":"x"}]}', "model", id="no-model"),
+        pytest.param("/v1/chat/completions", b'{"model": 3, "messages": []}', "model", id="model-not-str"),
+        pytest.param("/v1/chat/completions", b'{"model": "m"}', "messages", id="no-messages"),
+        pytest.param("/v1/chat/completions", b'{"model": "m", "messages": [{"content": 5}]}', "messages",
+                     id="bad-content"),
+        pytest.param("/v1/completions", b'{"model": "m"}', "prompt", id="no-prompt"),
+        pytest.param("/v1/completions", b'{"model": "m", "prompt": {"a": 1}}', "prompt", id="bad-prompt"),
+    ],
+)
+def test_parse_rejects(path, body, param):
+    with pytest.raises(BadRequest) as info:
+        parse_request(path, body)
+    assert info.value.param == param
+
+
+def test_parse_features():
+    _, f = parse_request("/v1/chat/completions", json.dumps({**CHAT, "stream": True}).encode())
+    assert f.model == "m" and f.stream and f.max_tokens == 4 and f.prompt_tokens > 4
+    _, f = parse_request("/v1/completions", b'{"model": "m", "prompt": [1, 2, 3], "max_tokens": true}')
+    assert f.prompt_tokens == 3 and f.max_tokens is None and not f.stream
+
+
+def test_request_headers_filtered():
+    from multidict import CIMultiDict
+    h = CIMultiDict({"Authorization": "Bearer s3cret", "Connection": "keep-alive, X-Hop", "X-Hop": "1",
+                     "Keep-Alive": "5", "Host": "x", "Content-Type": "application/json", "X-Request-Id": "q"})
+    out = forward_request_headers(h)
+    assert dict(out) == {"Content-Type": "application/json", "X-Request-Id": "q"}
+
+
+# -------------------------------------------------------------------------- error mapping
+
+
+async def test_error_mapping(engines):
+    tables = RoutingTables()
+    async with Router(tables, max_body_bytes=1000) as client:
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.status == 503 and r.headers["Retry-After"] == "1"
+        assert (await r.json())["error"]["code"] == "tables_not_synced"
+
+        set_table(tables, "m", [("a", engines[0].url, 0.0)])
+        set_table(tables, "empty", [])
+        r = await client.post("/v1/chat/completions", data=b"{oops")
+        err = (await r.json())["error"]
+        assert r.status == 400 and err["type"] == "invalid_request_error" and set(err) == {
+            "message", "type", "param", "code"}
+        r = await client.post("/v1/chat/completions", json={"messages": []})
+        assert r.status == 400 and (await r.json())["error"]["param"] == "model"
+        r = await client.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
+        assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
+        r = await client.post("/v1/chat/completions", json=CHAT)  # only a weight-0 replica
+        assert r.status == 503 and r.headers["Retry-After"] == "1"
+        assert (await r.json())["error"]["type"] == "service_unavailable"
+        r = await client.post("/v1/chat/completions", data=b"x" * 2000)
+        assert r.status == 413 and "error" in await r.json()
+        r = await client.get("/v1/nothing")
+        assert r.status == 404 and "error" in await r.json()
+        r = await client.get("/v1/models")
+        assert [m["id"] for m in (await r.json())["data"]] == ["m"]  # "empty" has no replica
+        r = await client.get("/health")
+        body = await r.json()
+        assert r.status == 200 and body["synced"] and set(body["pools"]) == {"m", "empty"}
+    assert engines[0].seen == []
+
+
+async def test_health_unsynced():
+    async with Router(RoutingTables()) as client:
+        r = await client.get("/health")
+        assert r.status == 503 and (await r.json())["synced"] is False
+
+
+# -------------------------------------------------------------------------- pass-through
+
+
+async def test_non_streaming_passthrough_and_headers(engines):
+    tables = RoutingTables()
+    set_table(tables, "m", [("a", engines[0].url, 1.0)])
+    async with Router(tables) as client:
+        r = await client.post("/v1/chat/completions", json=CHAT,
+                              headers={"Authorization": "Bearer s3cret", "X-Request-Id": "abc"})
+        assert r.status == 200
+        assert await r.json() == {"object": "chat.completion", "by": "e1"}
+        assert r.headers["X-Engine"] == "e1" and r.headers["X-Tidegate-Replica"] == "a"
+    assert engines[0].seen == [CHAT]
+    assert "Authorization" not in engines[0].headers[0] and engines[0].headers[0]["X-Request-Id"] == "abc"
+
+
+async def test_streaming_passthrough_chunks(engines):
+    tables = RoutingTables()
+    set_table(tables, "m", [("a", engines[0].url, 1.0)])
+    async with Router(tables) as client:
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        assert r.status == 200 and r.content_type == "text/event-stream"
+        chunks = [c async for c in r.content.iter_any()]
+        text = b"".join(chunks).decode()
+        assert text.count("data: ") == 4 and text.endswith("data: [DONE]\n\n")
+        metrics = await (await client.get("/metrics")).text()
+    assert 'tidegate_router_requests_total{model="m",status="200"} 1.0' in metrics
+    assert "tidegate_router_inflight_requests 0.0" in metrics
+
+
+async def test_upstream_4xx_passed_through_not_retried(engines):
+    engines[0].mode = engines[1].mode = "400"
+    tables = RoutingTables()
+    set_table(tables, "m", [("a", engines[0].url, 1.0), ("b", engines[1].url, 1.0)])
+    async with Router(tables) as client:
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.status == 400
+    assert len(engines[0].seen) + len(engines[1].seen) == 1
+
+
+# -------------------------------------------------------------------------- retries and failures
+
+
+async def test_connection_refused_retried_elsewhere(engines):
+    tables = RoutingTables()
+    set_table(tables, "m", [("dead", refused_url(), 100.0), ("b", engines[1].url, 1.0)])
+    router = Router(tables)
+    async with router as client:
+        for _ in range(5):
+            r = await client.post("/v1/chat/completions", json=CHAT)
+            assert r.status == 200 and (await r.json())["by"] == "e2"
+        metrics = await (await client.get("/metrics")).text()
+    assert 'tidegate_router_retries_total{model="m",reason="connect"}' in metrics
+    assert router.inflight.total == 0
+
+
+async def test_5xx_retried_then_passed_through(engines):
+    engines[0].mode = "500"
+    tables = RoutingTables()
+    set_table(tables, "m", [("a", engines[0].url, 1.0), ("b", engines[1].url, 1.0)])
+    async with Router(tables) as client:
+        for _ in range(4):
+            r = await client.post("/v1/chat/completions", json=CHAT)
+            assert r.status == 200 and (await r.json())["by"] == "e2"
+    engines[1].mode = "500"
+    async with Router(tables) as client:
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.status == 500 and (await r.json())["error"]["message"] == "boom"
+
+
+async def test_all_refused_gives_502_and_no_retries_without_budget():
+    tables = RoutingTables()
+    set_table(tables, "m", [(f"d{i}", refused_url(), 1.0) for i in range(5)])
+    router = Router(tables, max_retries=2)
+    async with router as client:
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.status == 502 and (await r.json())["error"]["code"] == "upstream_connect"
+        m = await (await client.get("/metrics")).text()
+        assert 'tidegate_router_retries_total{model="m",reason="connect"} 2.0' in m  # max_retries
+        router.budget._tokens = 0.0  # an exhausted budget: no retry at all
+        router.budget.min_per_s = 0.0
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.status == 502
+        m = await (await client.get("/metrics")).text()
+        assert 'tidegate_router_retries_total{model="m",reason="connect"} 2.0' in m
+        assert "tidegate_router_retry_budget_exhausted_total 1.0" in m
+        assert router.inflight.total == 0
+
+
+async def test_first_byte_timeout_gives_504_without_retry(engines):
+    engines[0].mode = engines[1].mode = "slow"
+    tables = RoutingTables()
+    set_table(tables, "m", [("a", engines[0].url, 1.0), ("b", engines[1].url, 1.0)])
+    router = Router(tables, first_byte_timeout_s=0.2)
+    async with router as client:
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.status == 504 and (await r.json())["error"]["code"] == "first_byte_timeout"
+        assert router.inflight.total == 0
+    assert len(engines[0].seen) + len(engines[1].seen) == 1
+
+
+async def test_midstream_break_emits_sse_error(engines):
+    engines[0].mode = "break"
+    tables = RoutingTables()
+    set_table(tables, "m", [("a", engines[0].url, 1.0)])
+    router = Router(tables)
+    async with router as client:
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        text = (await r.read()).decode()
+        events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+        assert [e.get("i") for e in events[:3]] == [0, 1, 2]
+        assert events[-1]["error"]["code"] == "upstream_stream_broken"
+        assert router.inflight.total == 0
