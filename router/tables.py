@@ -87,7 +87,8 @@ class RoutingTables:
             pool = keys.leaf(keys.TABLES, key)
         except ValueError:
             return
-        if not pool or "/" in pool:
+        # Pool names are model names and may hold "/" (e.g. "meta-llama/Llama-3.1-8B-Instruct").
+        if not pool:
             return
         if kv is None:
             self._bad.pop(key, None)

@@ -29,6 +29,15 @@ def test_decode_and_snapshot():
     assert set(rt.pools()) == {"m"} and rt.get("other") is None
 
 
+def test_pool_names_may_contain_slashes():
+    # Hugging Face model names such as "meta-llama/Llama-3.1-8B-Instruct" are pool names.
+    rt = RoutingTables()
+    name = "meta-llama/Llama-3.1-8B-Instruct"
+    rt.on_change(keys.table(name), table_kv(name, 3, ("a", 1.0)))
+    t = rt.get(name)
+    assert t is not None and t.entries[0].replica_id == "a"
+
+
 def test_bad_value_keeps_previous_table():
     rt = RoutingTables()
     rt.on_change(keys.table("m"), table_kv("m", 5, ("a", 1.0)))

@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("tidegate.fleet.up",
            "Start a complete local fleet: etcd, control plane, simulated replicas with agents, router."),
     "demo": ("tidegate.fleet.demo", "Start a local fleet, replay a real trace through the router, print a report."),
+    "simulate": ("fleetsim.main",
+                 "Simulate a whole fleet on a virtual clock (real weight and router policy code); compare policies."),
 }
 
 
