@@ -1,6 +1,6 @@
 """Leadership of one control-plane instance: campaign, lead until lost, campaign again.
 
-Only the leader publishes routing tables; every instance ingests telemetry and serves the
+Only the leader ingests telemetry and publishes routing tables; every instance serves the
 admin API. A fresh `Election` (fresh lease) is made for each term.
 """
 

@@ -176,7 +176,8 @@ class ControlPlane:
             log.error("etcd_unreachable", error=str(e))
             return 1
         server = grpc.aio.server(options=server_options())
-        telemetry = TelemetryService(self.fleet, self.presence, self.id, metrics=self.metrics)
+        telemetry = TelemetryService(self.fleet, self.presence, self.id, metrics=self.metrics,
+                                     is_leader=lambda: self.leadership.is_leader)
         telemetry_pb2_grpc.add_TelemetryServicer_to_server(telemetry, server)
         admin_pb2_grpc.add_AdminServicer_to_server(
             AdminService(self.fleet, self.store, self.publisher, self.id, lambda: self.leadership.is_leader),

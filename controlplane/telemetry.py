@@ -4,10 +4,11 @@ First message must be a Hello (protocol_version 1), then Reports, each answered 
 with the replica's current state and weight. While the stream is open this instance keeps a
 leased ReplicaPresence under keys.replica(id), so a dead control plane's streams vanish.
 
-Every instance accepts streams, leader or standby, and ingests them into its own FleetState;
-only the leader publishes. Limitation (documented in the report/ARCHITECTURE): instances do
-not share fleet state, so after a failover the new leader publishes from the streams *it*
-holds; agents that streamed to the dead leader appear once they reconnect here.
+Only the leader accepts streams: a standby refuses them with UNAVAILABLE, and a leader that
+loses its term tells its agents to reconnect elsewhere (Directive KIND_RECONNECT_ELSEWHERE)
+and ends their streams. Agents hold every control-plane address and move on to the next
+one, so the fleet state always lives in the instance that publishes the tables. After a
+failover the new leader learns the fleet as agents reconnect (within their backoff).
 """
 
 from __future__ import annotations
@@ -41,12 +42,14 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
         *,
         metrics: Metrics | None = None,
         wall_clock: Callable[[], float] = time.time,
+        is_leader: Callable[[], bool] = lambda: True,
     ) -> None:
         self._fleet = fleet
         self._presence = presence
         self._id = controlplane_id
         self._metrics = metrics
         self._wall = wall_clock
+        self._is_leader = is_leader
         self._stream_seq = 0
         # replica_id -> token of its newest stream here; only that stream removes the presence.
         self._owner: dict[str, int] = {}
@@ -73,6 +76,9 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
                 f"protocol_version {hello.protocol_version} not supported (this control plane speaks "
                 f"{PROTOCOL_VERSION})",
             )
+        if not self._is_leader():
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"control plane {self._id} is standing by; stream to the leader")
         try:
             self._fleet.on_hello(hello)
         except ValueError as e:
@@ -104,6 +110,12 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
                     continue
                 if kind != "report":
                     continue
+                if not self._is_leader():
+                    log.info("stream_handed_off", replica_id=rid, reason="leadership lost")
+                    yield telemetry_pb2.ControlMessage(directive=telemetry_pb2.Directive(
+                        kind=telemetry_pb2.Directive.KIND_RECONNECT_ELSEWHERE,
+                        reason=f"control plane {self._id} is no longer the leader"))
+                    return
                 if self._metrics:
                     self._metrics.reports.inc()
                 decision = self._fleet.on_report(hello, msg.report)

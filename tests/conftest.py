@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import structlog
 
 from tidegate.etcd_server import EmbeddedEtcd
 from tidegate.store.etcd import EtcdStore
@@ -48,3 +49,12 @@ def fresh_etcd() -> Iterator[EmbeddedEtcd]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _structlog_defaults() -> Iterator[None]:
+    """Tests that configure logging (e.g. at level warning) must not hide info logs from
+    later tests' structlog.testing.capture_logs()."""
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()

@@ -91,11 +91,15 @@ async def store(clean_etcd: str) -> AsyncIterator[EtcdStore]:
 
 
 class FakeAgent:
-    """Streams Hello then a report every `interval_s` while `sending` is set."""
+    """Streams Hello then a report every `interval_s` while `sending` is set; when a stream
+    is refused or ends, moves on to the next address (like the real agent)."""
 
-    def __init__(self, address: str, replica_id: str = "r1", pool: str = "m", interval_s: float = 0.2) -> None:
-        self.channel = grpc.aio.insecure_channel(address)
-        self.stub = telemetry_pb2_grpc.TelemetryStub(self.channel)
+    def __init__(self, address: str | list[str], replica_id: str = "r1", pool: str = "m",
+                 interval_s: float = 0.2) -> None:
+        self.addresses = [address] if isinstance(address, str) else list(address)
+        self.channels = [grpc.aio.insecure_channel(a) for a in self.addresses]
+        self.refusals: list[grpc.StatusCode] = []
+        self.directives: list[telemetry_pb2.Directive] = []
         self.hello = telemetry_pb2.Hello(replica_id=replica_id, pool=pool, endpoint="http://127.0.0.1:9999",
                                          region="eu", zone="eu-1", protocol_version=1, engine_kind="test")
         self.interval_s = interval_s
@@ -117,10 +121,19 @@ class FakeAgent:
             await asyncio.sleep(self.interval_s)
 
     async def _run(self) -> None:
-        call = self.stub.Stream(self._messages())
-        async for msg in call:
-            if msg.WhichOneof("msg") == "ack":
-                self.acks.append(msg.ack)
+        i = 0
+        while not self._stop.is_set():
+            stub = telemetry_pb2_grpc.TelemetryStub(self.channels[i % len(self.channels)])
+            try:
+                async for msg in stub.Stream(self._messages()):
+                    if msg.WhichOneof("msg") == "ack":
+                        self.acks.append(msg.ack)
+                    elif msg.WhichOneof("msg") == "directive":
+                        self.directives.append(msg.directive)
+            except grpc.aio.AioRpcError as e:
+                self.refusals.append(e.code())
+            i += 1
+            await asyncio.sleep(0.05)
 
     def start(self) -> FakeAgent:
         self._task = asyncio.create_task(self._run())
@@ -134,7 +147,8 @@ class FakeAgent:
                 await self._task
             except (asyncio.CancelledError, grpc.aio.AioRpcError):
                 pass
-        await self.channel.close()
+        for ch in self.channels:
+            await ch.close()
 
 
 async def eventually(probe: Callable[[], Awaitable[T | None]], timeout_s: float, what: str) -> T:
@@ -247,11 +261,37 @@ async def test_cordon_via_admin_zeroes_weight(cps: Any, store: EtcdStore) -> Non
         await agent.close()
 
 
+async def test_standby_refuses_streams(cps: Any, store: EtcdStore) -> None:
+    a = await cps("cp-a", "--election-ttl-s", "2")
+    await eventually(lambda: _leader_is(store, "cp-a"), 15, "cp-a to lead")
+    b = await cps("cp-b", "--election-ttl-s", "2")
+    async with grpc.aio.insecure_channel(b.address) as ch:
+        stub = telemetry_pb2_grpc.TelemetryStub(ch)
+
+        async def hello() -> AsyncIterator[telemetry_pb2.AgentMessage]:
+            yield telemetry_pb2.AgentMessage(hello=telemetry_pb2.Hello(replica_id="x", pool="m",
+                                                                       protocol_version=1))
+            await asyncio.sleep(5)
+
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in stub.Stream(hello()):
+                pass
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "standing by" in (err.value.details() or "")
+    assert await stop_cp(a) == 0
+
+
+async def _leader_is(store: EtcdStore, cp_id: str) -> bool:
+    listing = await store.list_prefix(keys.ELECTION)
+    return any(codec.decode(kv.value, records_pb2.LeaderRecord).controlplane_id == cp_id
+               for kv in listing.items[:1])
+
+
 async def test_only_leader_publishes_and_standby_takes_over(cps: Any, store: EtcdStore) -> None:
     a = await cps("cp-a", "--election-ttl-s", "2")
     b = await cps("cp-b", "--election-ttl-s", "2")
-    # Every agent streams to both instances here, so the standby has the fleet when it takes over.
-    agents = [FakeAgent(a.address).start(), FakeAgent(b.address).start()]
+    # The agent knows both addresses; the standby refuses its stream, so it streams to the leader.
+    agents = [FakeAgent([a.address, b.address]).start()]
     try:
         t = await eventually(table_probe(store, "m", lambda t: bool((e := entry(t)) and e.weight > 0)), 15,
                              "a table")
@@ -270,7 +310,12 @@ async def test_only_leader_publishes_and_standby_takes_over(cps: Any, store: Etc
                               "the standby's table")
         print(f"failover: standby published {time.monotonic() - killed:.2f}s after kill -9 of the leader")
         assert t2.generation > gen
-        assert (e := entry(t2)) is not None and e.weight > 0
+        # The agent reconnects to the new leader, which makes the replica routable again.
+        t3 = await eventually(table_probe(store, "m", lambda t: bool(
+            t.leader_id == standby.id and (e := entry(t)) and e.weight > 0)), 15, "a routable entry")
+        assert entry(t3) is not None
+        if leader is b:  # the agent tried cp-a first and was refused
+            assert agents[0].refusals[0] == grpc.StatusCode.UNAVAILABLE
     finally:
         for ag in agents:
             await ag.close()
