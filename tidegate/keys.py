@@ -5,6 +5,7 @@
     /tidegate/v1/routers/<router_id>        RouterPresence (leased by the router)
     /tidegate/v1/intents/<replica_id>       ReplicaIntent (SRE cordon/drain; no lease, survives restarts)
     /tidegate/v1/events/<ts>-<n>            Event (audit trail; no lease)
+    /tidegate/v1/budgets/<scope>            DisruptionBudget (scope "pool:<name>" or "region:<name>")
     /tidegate/v1/election/controlplane      etcd Election name (values: LeaderRecord)
 
 Values are protobuf JSON (see `tidegate.codec`).
@@ -18,6 +19,7 @@ REPLICAS = PREFIX + "replicas/"
 ROUTERS = PREFIX + "routers/"
 INTENTS = PREFIX + "intents/"
 EVENTS = PREFIX + "events/"
+BUDGETS = PREFIX + "budgets/"
 ELECTION = PREFIX + "election/controlplane"
 
 
@@ -42,3 +44,7 @@ def leaf(prefix: str, key: str) -> str:
     if not key.startswith(prefix):
         raise ValueError(f"key {key!r} is not under {prefix!r}")
     return key[len(prefix):]
+
+
+def budget(scope: str) -> str:
+    return BUDGETS + scope

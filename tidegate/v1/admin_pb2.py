@@ -27,7 +27,7 @@ from tidegate.v1 import records_pb2 as tidegate_dot_v1_dot_records__pb2
 from tidegate.v1 import telemetry_pb2 as tidegate_dot_v1_dot_telemetry__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tidegate/v1/admin.proto\x12\x0btidegate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19tidegate/v1/records.proto\x1a\x1btidegate/v1/telemetry.proto\"\x81\x01\n\x08Selector\x12\x13\n\x0breplica_ids\x18\x01 \x03(\t\x12\x31\n\x06labels\x18\x02 \x03(\x0b\x32!.tidegate.v1.Selector.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa4\x03\n\x0eReplicaSummary\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x0c\n\x04zone\x18\x04 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x05 \x01(\t\x12(\n\x05state\x18\x06 \x01(\x0e\x32\x19.tidegate.v1.ReplicaState\x12\x0e\n\x06weight\x18\x07 \x01(\x01\x12\x16\n\x0ekv_cache_usage\x18\x08 \x01(\x01\x12\x0f\n\x07waiting\x18\t \x01(\x05\x12\x1d\n\x15queued_prefill_tokens\x18\n \x01(\x03\x12\x0f\n\x07running\x18\x0b \x01(\x05\x12\x13\n\x0bttft_p95_ms\x18\x0c \x01(\x01\x12\x12\n\nitl_p95_ms\x18\r \x01(\x01\x12\x1d\n\x15gpu_memory_used_bytes\x18\x0e \x01(\x04\x12\x1e\n\x16gpu_memory_total_bytes\x18\x0f \x01(\x04\x12\x14\n\x0creport_age_s\x18\x10 \x01(\x01\x12\x0e\n\x06reason\x18\x11 \x01(\t\x12\x1f\n\x17gpu_telemetry_available\x18\x12 \x01(\x08\"]\n\x13ListReplicasRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.tidegate.v1.ReplicaState\"n\n\x14ListReplicasResponse\x12-\n\x08replicas\x18\x01 \x03(\x0b\x32\x1b.tidegate.v1.ReplicaSummary\x12\x17\n\x0f\x63ontrolplane_id\x18\x02 \x01(\t\x12\x0e\n\x06leader\x18\x03 \x01(\x08\",\n\x16\x44\x65scribeReplicaRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"\xeb\x01\n\rReplicaDetail\x12,\n\x07summary\x18\x01 \x01(\x0b\x32\x1b.tidegate.v1.ReplicaSummary\x12!\n\x05hello\x18\x02 \x01(\x0b\x32\x12.tidegate.v1.Hello\x12(\n\x0blast_report\x18\x03 \x01(\x0b\x32\x13.tidegate.v1.Report\x12*\n\x06intent\x18\x04 \x01(\x0b\x32\x1a.tidegate.v1.ReplicaIntent\x12\x0f\n\x07reasons\x18\x05 \x03(\t\x12\"\n\x06\x65vents\x18\x06 \x03(\x0b\x32\x12.tidegate.v1.Event\"\xc7\x01\n\x0bPoolSummary\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12H\n\x11replicas_by_state\x18\x02 \x03(\x0b\x32-.tidegate.v1.PoolSummary.ReplicasByStateEntry\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x14\n\x0ctotal_weight\x18\x04 \x01(\x01\x1a\x36\n\x14ReplicasByStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\x12\n\x10ListPoolsRequest\"<\n\x11ListPoolsResponse\x12\'\n\x05pools\x18\x01 \x03(\x0b\x32\x18.tidegate.v1.PoolSummary\"h\n\rCordonRequest\x12\'\n\x08selector\x18\x01 \x01(\x0b\x32\x15.tidegate.v1.Selector\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\"[\n\x0fUncordonRequest\x12\'\n\x08selector\x18\x01 \x01(\x0b\x32\x15.tidegate.v1.Selector\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"\x92\x01\n\x0c\x44rainRequest\x12\'\n\x08selector\x18\x01 \x01(\x0b\x32\x15.tidegate.v1.Selector\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\x12\x16\n\x0egrace_period_s\x18\x06 \x01(\x01\"D\n\x0cIntentResult\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t\"<\n\x0eIntentResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.tidegate.v1.IntentResult\")\n\x12\x44rainStatusRequest\x12\x13\n\x0breplica_ids\x18\x01 \x03(\t\"\xc4\x01\n\rDrainProgress\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.tidegate.v1.ReplicaState\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x0f\n\x07waiting\x18\x04 \x01(\x05\x12\x17\n\x0frouter_inflight\x18\x05 \x01(\x05\x12,\n\x08\x64\x65\x61\x64line\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04\x64one\x18\x07 \x01(\x08\"C\n\x13\x44rainStatusResponse\x12,\n\x08replicas\x18\x01 \x03(\x0b\x32\x1a.tidegate.v1.DrainProgress\"6\n\x11ListEventsRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"8\n\x12ListEventsResponse\x12\"\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x12.tidegate.v1.Event2\xe8\x04\n\x05\x41\x64min\x12S\n\x0cListReplicas\x12 .tidegate.v1.ListReplicasRequest\x1a!.tidegate.v1.ListReplicasResponse\x12R\n\x0f\x44\x65scribeReplica\x12#.tidegate.v1.DescribeReplicaRequest\x1a\x1a.tidegate.v1.ReplicaDetail\x12J\n\tListPools\x12\x1d.tidegate.v1.ListPoolsRequest\x1a\x1e.tidegate.v1.ListPoolsResponse\x12\x41\n\x06\x43ordon\x12\x1a.tidegate.v1.CordonRequest\x1a\x1b.tidegate.v1.IntentResponse\x12\x45\n\x08Uncordon\x12\x1c.tidegate.v1.UncordonRequest\x1a\x1b.tidegate.v1.IntentResponse\x12?\n\x05\x44rain\x12\x19.tidegate.v1.DrainRequest\x1a\x1b.tidegate.v1.IntentResponse\x12P\n\x0b\x44rainStatus\x12\x1f.tidegate.v1.DrainStatusRequest\x1a .tidegate.v1.DrainStatusResponse\x12M\n\nListEvents\x12\x1e.tidegate.v1.ListEventsRequest\x1a\x1f.tidegate.v1.ListEventsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tidegate/v1/admin.proto\x12\x0btidegate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19tidegate/v1/records.proto\x1a\x1btidegate/v1/telemetry.proto\"\x81\x01\n\x08Selector\x12\x13\n\x0breplica_ids\x18\x01 \x03(\t\x12\x31\n\x06labels\x18\x02 \x03(\x0b\x32!.tidegate.v1.Selector.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa4\x03\n\x0eReplicaSummary\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x0c\n\x04zone\x18\x04 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x05 \x01(\t\x12(\n\x05state\x18\x06 \x01(\x0e\x32\x19.tidegate.v1.ReplicaState\x12\x0e\n\x06weight\x18\x07 \x01(\x01\x12\x16\n\x0ekv_cache_usage\x18\x08 \x01(\x01\x12\x0f\n\x07waiting\x18\t \x01(\x05\x12\x1d\n\x15queued_prefill_tokens\x18\n \x01(\x03\x12\x0f\n\x07running\x18\x0b \x01(\x05\x12\x13\n\x0bttft_p95_ms\x18\x0c \x01(\x01\x12\x12\n\nitl_p95_ms\x18\r \x01(\x01\x12\x1d\n\x15gpu_memory_used_bytes\x18\x0e \x01(\x04\x12\x1e\n\x16gpu_memory_total_bytes\x18\x0f \x01(\x04\x12\x14\n\x0creport_age_s\x18\x10 \x01(\x01\x12\x0e\n\x06reason\x18\x11 \x01(\t\x12\x1f\n\x17gpu_telemetry_available\x18\x12 \x01(\x08\"]\n\x13ListReplicasRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.tidegate.v1.ReplicaState\"n\n\x14ListReplicasResponse\x12-\n\x08replicas\x18\x01 \x03(\x0b\x32\x1b.tidegate.v1.ReplicaSummary\x12\x17\n\x0f\x63ontrolplane_id\x18\x02 \x01(\t\x12\x0e\n\x06leader\x18\x03 \x01(\x08\",\n\x16\x44\x65scribeReplicaRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"\xeb\x01\n\rReplicaDetail\x12,\n\x07summary\x18\x01 \x01(\x0b\x32\x1b.tidegate.v1.ReplicaSummary\x12!\n\x05hello\x18\x02 \x01(\x0b\x32\x12.tidegate.v1.Hello\x12(\n\x0blast_report\x18\x03 \x01(\x0b\x32\x13.tidegate.v1.Report\x12*\n\x06intent\x18\x04 \x01(\x0b\x32\x1a.tidegate.v1.ReplicaIntent\x12\x0f\n\x07reasons\x18\x05 \x03(\t\x12\"\n\x06\x65vents\x18\x06 \x03(\x0b\x32\x12.tidegate.v1.Event\"\xd4\x02\n\x0bPoolSummary\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12H\n\x11replicas_by_state\x18\x02 \x03(\x0b\x32-.tidegate.v1.PoolSummary.ReplicasByStateEntry\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x14\n\x0ctotal_weight\x18\x04 \x01(\x01\x12\x12\n\ndemand_rps\x18\x05 \x01(\x01\x12\x16\n\x0eslo_attainment\x18\x06 \x01(\x01\x12\x1c\n\x14recommended_replicas\x18\x07 \x01(\x05\x12.\n\x07\x62udgets\x18\x08 \x03(\x0b\x32\x1d.tidegate.v1.DisruptionBudget\x12\x11\n\tavailable\x18\t \x01(\x05\x1a\x36\n\x14ReplicasByStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\x12\n\x10ListPoolsRequest\"<\n\x11ListPoolsResponse\x12\'\n\x05pools\x18\x01 \x03(\x0b\x32\x18.tidegate.v1.PoolSummary\"h\n\rCordonRequest\x12\'\n\x08selector\x18\x01 \x01(\x0b\x32\x15.tidegate.v1.Selector\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\"[\n\x0fUncordonRequest\x12\'\n\x08selector\x18\x01 \x01(\x0b\x32\x15.tidegate.v1.Selector\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"\x92\x01\n\x0c\x44rainRequest\x12\'\n\x08selector\x18\x01 \x01(\x0b\x32\x15.tidegate.v1.Selector\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\x12\x16\n\x0egrace_period_s\x18\x06 \x01(\x01\"U\n\x0cIntentResult\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63hanged\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0f\n\x07refused\x18\x04 \x01(\x08\"<\n\x0eIntentResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.tidegate.v1.IntentResult\")\n\x12\x44rainStatusRequest\x12\x13\n\x0breplica_ids\x18\x01 \x03(\t\"\xc4\x01\n\rDrainProgress\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.tidegate.v1.ReplicaState\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x0f\n\x07waiting\x18\x04 \x01(\x05\x12\x17\n\x0frouter_inflight\x18\x05 \x01(\x05\x12,\n\x08\x64\x65\x61\x64line\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04\x64one\x18\x07 \x01(\x08\"C\n\x13\x44rainStatusResponse\x12,\n\x08replicas\x18\x01 \x03(\x0b\x32\x1a.tidegate.v1.DrainProgress\"6\n\x11ListEventsRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"8\n\x12ListEventsResponse\x12\"\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x12.tidegate.v1.Event\"(\n\x12WatchEventsRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"Q\n\x10SetBudgetRequest\x12-\n\x06\x62udget\x18\x01 \x01(\x0b\x32\x1d.tidegate.v1.DisruptionBudget\x12\x0e\n\x06\x64\x65lete\x18\x02 \x01(\x08\"S\n\x11SetBudgetResponse\x12-\n\x06\x62udget\x18\x01 \x01(\x0b\x32\x1d.tidegate.v1.DisruptionBudget\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x14\n\x12ListBudgetsRequest\"E\n\x13ListBudgetsResponse\x12.\n\x07\x62udgets\x18\x01 \x03(\x0b\x32\x1d.tidegate.v1.DisruptionBudget2\xcc\x06\n\x05\x41\x64min\x12S\n\x0cListReplicas\x12 .tidegate.v1.ListReplicasRequest\x1a!.tidegate.v1.ListReplicasResponse\x12R\n\x0f\x44\x65scribeReplica\x12#.tidegate.v1.DescribeReplicaRequest\x1a\x1a.tidegate.v1.ReplicaDetail\x12J\n\tListPools\x12\x1d.tidegate.v1.ListPoolsRequest\x1a\x1e.tidegate.v1.ListPoolsResponse\x12\x41\n\x06\x43ordon\x12\x1a.tidegate.v1.CordonRequest\x1a\x1b.tidegate.v1.IntentResponse\x12\x45\n\x08Uncordon\x12\x1c.tidegate.v1.UncordonRequest\x1a\x1b.tidegate.v1.IntentResponse\x12?\n\x05\x44rain\x12\x19.tidegate.v1.DrainRequest\x1a\x1b.tidegate.v1.IntentResponse\x12P\n\x0b\x44rainStatus\x12\x1f.tidegate.v1.DrainStatusRequest\x1a .tidegate.v1.DrainStatusResponse\x12M\n\nListEvents\x12\x1e.tidegate.v1.ListEventsRequest\x1a\x1f.tidegate.v1.ListEventsResponse\x12\x44\n\x0bWatchEvents\x12\x1f.tidegate.v1.WatchEventsRequest\x1a\x12.tidegate.v1.Event0\x01\x12J\n\tSetBudget\x12\x1d.tidegate.v1.SetBudgetRequest\x1a\x1e.tidegate.v1.SetBudgetResponse\x12P\n\x0bListBudgets\x12\x1f.tidegate.v1.ListBudgetsRequest\x1a .tidegate.v1.ListBudgetsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -53,33 +53,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPLICADETAIL']._serialized_start=938
   _globals['_REPLICADETAIL']._serialized_end=1173
   _globals['_POOLSUMMARY']._serialized_start=1176
-  _globals['_POOLSUMMARY']._serialized_end=1375
-  _globals['_POOLSUMMARY_REPLICASBYSTATEENTRY']._serialized_start=1321
-  _globals['_POOLSUMMARY_REPLICASBYSTATEENTRY']._serialized_end=1375
-  _globals['_LISTPOOLSREQUEST']._serialized_start=1377
-  _globals['_LISTPOOLSREQUEST']._serialized_end=1395
-  _globals['_LISTPOOLSRESPONSE']._serialized_start=1397
-  _globals['_LISTPOOLSRESPONSE']._serialized_end=1457
-  _globals['_CORDONREQUEST']._serialized_start=1459
-  _globals['_CORDONREQUEST']._serialized_end=1563
-  _globals['_UNCORDONREQUEST']._serialized_start=1565
-  _globals['_UNCORDONREQUEST']._serialized_end=1656
-  _globals['_DRAINREQUEST']._serialized_start=1659
-  _globals['_DRAINREQUEST']._serialized_end=1805
-  _globals['_INTENTRESULT']._serialized_start=1807
-  _globals['_INTENTRESULT']._serialized_end=1875
-  _globals['_INTENTRESPONSE']._serialized_start=1877
-  _globals['_INTENTRESPONSE']._serialized_end=1937
-  _globals['_DRAINSTATUSREQUEST']._serialized_start=1939
-  _globals['_DRAINSTATUSREQUEST']._serialized_end=1980
-  _globals['_DRAINPROGRESS']._serialized_start=1983
-  _globals['_DRAINPROGRESS']._serialized_end=2179
-  _globals['_DRAINSTATUSRESPONSE']._serialized_start=2181
-  _globals['_DRAINSTATUSRESPONSE']._serialized_end=2248
-  _globals['_LISTEVENTSREQUEST']._serialized_start=2250
-  _globals['_LISTEVENTSREQUEST']._serialized_end=2304
-  _globals['_LISTEVENTSRESPONSE']._serialized_start=2306
-  _globals['_LISTEVENTSRESPONSE']._serialized_end=2362
-  _globals['_ADMIN']._serialized_start=2365
-  _globals['_ADMIN']._serialized_end=2981
+  _globals['_POOLSUMMARY']._serialized_end=1516
+  _globals['_POOLSUMMARY_REPLICASBYSTATEENTRY']._serialized_start=1462
+  _globals['_POOLSUMMARY_REPLICASBYSTATEENTRY']._serialized_end=1516
+  _globals['_LISTPOOLSREQUEST']._serialized_start=1518
+  _globals['_LISTPOOLSREQUEST']._serialized_end=1536
+  _globals['_LISTPOOLSRESPONSE']._serialized_start=1538
+  _globals['_LISTPOOLSRESPONSE']._serialized_end=1598
+  _globals['_CORDONREQUEST']._serialized_start=1600
+  _globals['_CORDONREQUEST']._serialized_end=1704
+  _globals['_UNCORDONREQUEST']._serialized_start=1706
+  _globals['_UNCORDONREQUEST']._serialized_end=1797
+  _globals['_DRAINREQUEST']._serialized_start=1800
+  _globals['_DRAINREQUEST']._serialized_end=1946
+  _globals['_INTENTRESULT']._serialized_start=1948
+  _globals['_INTENTRESULT']._serialized_end=2033
+  _globals['_INTENTRESPONSE']._serialized_start=2035
+  _globals['_INTENTRESPONSE']._serialized_end=2095
+  _globals['_DRAINSTATUSREQUEST']._serialized_start=2097
+  _globals['_DRAINSTATUSREQUEST']._serialized_end=2138
+  _globals['_DRAINPROGRESS']._serialized_start=2141
+  _globals['_DRAINPROGRESS']._serialized_end=2337
+  _globals['_DRAINSTATUSRESPONSE']._serialized_start=2339
+  _globals['_DRAINSTATUSRESPONSE']._serialized_end=2406
+  _globals['_LISTEVENTSREQUEST']._serialized_start=2408
+  _globals['_LISTEVENTSREQUEST']._serialized_end=2462
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=2464
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=2520
+  _globals['_WATCHEVENTSREQUEST']._serialized_start=2522
+  _globals['_WATCHEVENTSREQUEST']._serialized_end=2562
+  _globals['_SETBUDGETREQUEST']._serialized_start=2564
+  _globals['_SETBUDGETREQUEST']._serialized_end=2645
+  _globals['_SETBUDGETRESPONSE']._serialized_start=2647
+  _globals['_SETBUDGETRESPONSE']._serialized_end=2730
+  _globals['_LISTBUDGETSREQUEST']._serialized_start=2732
+  _globals['_LISTBUDGETSREQUEST']._serialized_end=2752
+  _globals['_LISTBUDGETSRESPONSE']._serialized_start=2754
+  _globals['_LISTBUDGETSRESPONSE']._serialized_end=2823
+  _globals['_ADMIN']._serialized_start=2826
+  _globals['_ADMIN']._serialized_end=3670
 # @@protoc_insertion_point(module_scope)

@@ -109,7 +109,7 @@ class ReplicaDetail(_message.Message):
     def __init__(self, summary: _Optional[_Union[ReplicaSummary, _Mapping]] = ..., hello: _Optional[_Union[_telemetry_pb2.Hello, _Mapping]] = ..., last_report: _Optional[_Union[_telemetry_pb2.Report, _Mapping]] = ..., intent: _Optional[_Union[_records_pb2.ReplicaIntent, _Mapping]] = ..., reasons: _Optional[_Iterable[str]] = ..., events: _Optional[_Iterable[_Union[_records_pb2.Event, _Mapping]]] = ...) -> None: ...
 
 class PoolSummary(_message.Message):
-    __slots__ = ("pool", "replicas_by_state", "generation", "total_weight")
+    __slots__ = ("pool", "replicas_by_state", "generation", "total_weight", "demand_rps", "slo_attainment", "recommended_replicas", "budgets", "available")
     class ReplicasByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -121,11 +121,21 @@ class PoolSummary(_message.Message):
     REPLICAS_BY_STATE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_RPS_FIELD_NUMBER: _ClassVar[int]
+    SLO_ATTAINMENT_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     pool: str
     replicas_by_state: _containers.ScalarMap[str, int]
     generation: int
     total_weight: float
-    def __init__(self, pool: _Optional[str] = ..., replicas_by_state: _Optional[_Mapping[str, int]] = ..., generation: _Optional[int] = ..., total_weight: _Optional[float] = ...) -> None: ...
+    demand_rps: float
+    slo_attainment: float
+    recommended_replicas: int
+    budgets: _containers.RepeatedCompositeFieldContainer[_records_pb2.DisruptionBudget]
+    available: int
+    def __init__(self, pool: _Optional[str] = ..., replicas_by_state: _Optional[_Mapping[str, int]] = ..., generation: _Optional[int] = ..., total_weight: _Optional[float] = ..., demand_rps: _Optional[float] = ..., slo_attainment: _Optional[float] = ..., recommended_replicas: _Optional[int] = ..., budgets: _Optional[_Iterable[_Union[_records_pb2.DisruptionBudget, _Mapping]]] = ..., available: _Optional[int] = ...) -> None: ...
 
 class ListPoolsRequest(_message.Message):
     __slots__ = ()
@@ -176,14 +186,16 @@ class DrainRequest(_message.Message):
     def __init__(self, selector: _Optional[_Union[Selector, _Mapping]] = ..., reason: _Optional[str] = ..., dry_run: _Optional[bool] = ..., force: _Optional[bool] = ..., timeout_s: _Optional[float] = ..., grace_period_s: _Optional[float] = ...) -> None: ...
 
 class IntentResult(_message.Message):
-    __slots__ = ("replica_id", "changed", "message")
+    __slots__ = ("replica_id", "changed", "message", "refused")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     CHANGED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     changed: bool
     message: str
-    def __init__(self, replica_id: _Optional[str] = ..., changed: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+    refused: bool
+    def __init__(self, replica_id: _Optional[str] = ..., changed: _Optional[bool] = ..., message: _Optional[str] = ..., refused: _Optional[bool] = ...) -> None: ...
 
 class IntentResponse(_message.Message):
     __slots__ = ("results",)
@@ -234,3 +246,35 @@ class ListEventsResponse(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[_records_pb2.Event]
     def __init__(self, events: _Optional[_Iterable[_Union[_records_pb2.Event, _Mapping]]] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("replica_id",)
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
+
+class SetBudgetRequest(_message.Message):
+    __slots__ = ("budget", "delete")
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    budget: _records_pb2.DisruptionBudget
+    delete: bool
+    def __init__(self, budget: _Optional[_Union[_records_pb2.DisruptionBudget, _Mapping]] = ..., delete: _Optional[bool] = ...) -> None: ...
+
+class SetBudgetResponse(_message.Message):
+    __slots__ = ("budget", "message")
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    budget: _records_pb2.DisruptionBudget
+    message: str
+    def __init__(self, budget: _Optional[_Union[_records_pb2.DisruptionBudget, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ListBudgetsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListBudgetsResponse(_message.Message):
+    __slots__ = ("budgets",)
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
+    budgets: _containers.RepeatedCompositeFieldContainer[_records_pb2.DisruptionBudget]
+    def __init__(self, budgets: _Optional[_Iterable[_Union[_records_pb2.DisruptionBudget, _Mapping]]] = ...) -> None: ...

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from tidegate.v1 import admin_pb2 as tidegate_dot_v1_dot_admin__pb2
+from tidegate.v1 import records_pb2 as tidegate_dot_v1_dot_records__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -74,6 +75,21 @@ class AdminStub:
                 request_serializer=tidegate_dot_v1_dot_admin__pb2.ListEventsRequest.SerializeToString,
                 response_deserializer=tidegate_dot_v1_dot_admin__pb2.ListEventsResponse.FromString,
                 _registered_method=True)
+        self.WatchEvents = channel.unary_stream(
+                '/tidegate.v1.Admin/WatchEvents',
+                request_serializer=tidegate_dot_v1_dot_admin__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=tidegate_dot_v1_dot_records__pb2.Event.FromString,
+                _registered_method=True)
+        self.SetBudget = channel.unary_unary(
+                '/tidegate.v1.Admin/SetBudget',
+                request_serializer=tidegate_dot_v1_dot_admin__pb2.SetBudgetRequest.SerializeToString,
+                response_deserializer=tidegate_dot_v1_dot_admin__pb2.SetBudgetResponse.FromString,
+                _registered_method=True)
+        self.ListBudgets = channel.unary_unary(
+                '/tidegate.v1.Admin/ListBudgets',
+                request_serializer=tidegate_dot_v1_dot_admin__pb2.ListBudgetsRequest.SerializeToString,
+                response_deserializer=tidegate_dot_v1_dot_admin__pb2.ListBudgetsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -127,6 +143,24 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchEvents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetBudget(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBudgets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +203,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListEvents,
                     request_deserializer=tidegate_dot_v1_dot_admin__pb2.ListEventsRequest.FromString,
                     response_serializer=tidegate_dot_v1_dot_admin__pb2.ListEventsResponse.SerializeToString,
+            ),
+            'WatchEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEvents,
+                    request_deserializer=tidegate_dot_v1_dot_admin__pb2.WatchEventsRequest.FromString,
+                    response_serializer=tidegate_dot_v1_dot_records__pb2.Event.SerializeToString,
+            ),
+            'SetBudget': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetBudget,
+                    request_deserializer=tidegate_dot_v1_dot_admin__pb2.SetBudgetRequest.FromString,
+                    response_serializer=tidegate_dot_v1_dot_admin__pb2.SetBudgetResponse.SerializeToString,
+            ),
+            'ListBudgets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBudgets,
+                    request_deserializer=tidegate_dot_v1_dot_admin__pb2.ListBudgetsRequest.FromString,
+                    response_serializer=tidegate_dot_v1_dot_admin__pb2.ListBudgetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +436,87 @@ class Admin:
             '/tidegate.v1.Admin/ListEvents',
             tidegate_dot_v1_dot_admin__pb2.ListEventsRequest.SerializeToString,
             tidegate_dot_v1_dot_admin__pb2.ListEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tidegate.v1.Admin/WatchEvents',
+            tidegate_dot_v1_dot_admin__pb2.WatchEventsRequest.SerializeToString,
+            tidegate_dot_v1_dot_records__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetBudget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidegate.v1.Admin/SetBudget',
+            tidegate_dot_v1_dot_admin__pb2.SetBudgetRequest.SerializeToString,
+            tidegate_dot_v1_dot_admin__pb2.SetBudgetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBudgets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidegate.v1.Admin/ListBudgets',
+            tidegate_dot_v1_dot_admin__pb2.ListBudgetsRequest.SerializeToString,
+            tidegate_dot_v1_dot_admin__pb2.ListBudgetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

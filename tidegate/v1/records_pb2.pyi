@@ -170,3 +170,17 @@ class Event(_message.Message):
     actor: str
     reason: str
     def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., kind: _Optional[str] = ..., replica_id: _Optional[str] = ..., pool: _Optional[str] = ..., actor: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DisruptionBudget(_message.Message):
+    __slots__ = ("scope", "min_available", "max_unavailable", "actor", "updated_at")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    MIN_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    MAX_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    scope: str
+    min_available: str
+    max_unavailable: str
+    actor: str
+    updated_at: _timestamp_pb2.Timestamp
+    def __init__(self, scope: _Optional[str] = ..., min_available: _Optional[str] = ..., max_unavailable: _Optional[str] = ..., actor: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -108,7 +108,7 @@ class EngineStats(_message.Message):
     def __init__(self, healthy: _Optional[bool] = ..., error: _Optional[str] = ..., num_requests_running: _Optional[int] = ..., num_requests_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_gpu_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[float] = ..., generation_tokens_total: _Optional[float] = ..., preemptions_total: _Optional[float] = ..., ttft: _Optional[_Union[LatencySummary, _Mapping]] = ..., itl: _Optional[_Union[LatencySummary, _Mapping]] = ..., e2e: _Optional[_Union[LatencySummary, _Mapping]] = ..., window_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., has_kv_capacity: _Optional[bool] = ...) -> None: ...
 
 class GpuStats(_message.Message):
-    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_used_bytes", "utilization_pct", "ecc_uncorrected_volatile", "ecc_corrected_volatile", "retired_pages_pending", "lost", "error", "temperature_c", "power_w")
+    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_used_bytes", "utilization_pct", "ecc_uncorrected_volatile", "ecc_corrected_volatile", "retired_pages_pending", "lost", "error", "temperature_c", "power_w", "xid_events")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class GpuStats(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
     POWER_W_FIELD_NUMBER: _ClassVar[int]
+    XID_EVENTS_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -135,7 +136,8 @@ class GpuStats(_message.Message):
     error: str
     temperature_c: float
     power_w: float
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., utilization_pct: _Optional[float] = ..., ecc_uncorrected_volatile: _Optional[int] = ..., ecc_corrected_volatile: _Optional[int] = ..., retired_pages_pending: _Optional[int] = ..., lost: _Optional[bool] = ..., error: _Optional[str] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ...) -> None: ...
+    xid_events: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., utilization_pct: _Optional[float] = ..., ecc_uncorrected_volatile: _Optional[int] = ..., ecc_corrected_volatile: _Optional[int] = ..., retired_pages_pending: _Optional[int] = ..., lost: _Optional[bool] = ..., error: _Optional[str] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., xid_events: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Report(_message.Message):
     __slots__ = ("seq", "sent_at", "engine", "gpu_telemetry_available", "gpu_telemetry_error", "gpus", "simulated_gpu")
