@@ -1,4 +1,8 @@
-"""One collector per engine replica: scrape /metrics and /health, read NVML, build a Report.
+"""One collector per engine replica: scrape /metrics and /health, read the GPUs, build a Report.
+
+The GPUs are read from a GpuSource: agent.nvml.NvmlReader (real NVML, in a thread) or
+agent.simgpu.SimulatedGpuReader (the simulator's labelled simulation; its reports carry
+``simulated_gpu = true``, even when the simulated readings are unavailable).
 
 Each `collect()` is one tick. It never raises for engine or GPU trouble: a failed scrape or an
 unhealthy engine still yields a Report with `engine.healthy = false` and the error, because the
@@ -12,6 +16,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from typing import Protocol
 
 import aiohttp
 import structlog
@@ -20,13 +25,23 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from agent.histograms import HistogramWindow, LatencyWindow
 from agent.metrics import AgentMetrics
 from agent.normalize import EngineSample, TelemetryParseError, parse_metrics
-from agent.nvml import GpuTelemetry, NvmlReader
+from agent.nvml import GpuTelemetry
 from agent.rates import counter_rate
 from tidegate.v1 import telemetry_pb2
 
 log = structlog.get_logger(__name__)
 
 Clock = Callable[[], float]
+
+
+class GpuSource(Protocol):
+    """Where a replica's GPU telemetry comes from. `aread` must not block the event loop and should
+    not raise (errors are `available=False`); `simulated` labels the readings as a simulation."""
+
+    @property
+    def simulated(self) -> bool: ...
+
+    async def aread(self, indices: Sequence[int] = ()) -> GpuTelemetry: ...
 
 
 def _latency(w: LatencyWindow) -> telemetry_pb2.LatencySummary:
@@ -40,7 +55,7 @@ class Collector:
         session: aiohttp.ClientSession,
         *,
         model: str | None = None,
-        gpu_reader: NvmlReader | None = None,
+        gpu_reader: GpuSource | None = None,
         gpu_indices: Sequence[int] = (),
         scrape_timeout_s: float = 2.0,
         window_s: float = 30.0,
@@ -95,9 +110,10 @@ class Collector:
         if self._gpu is None:
             return GpuTelemetry(available=False, error="GPU telemetry disabled")
         try:
-            return await asyncio.to_thread(self._gpu.read, self._gpu_indices)
+            return await self._gpu.aread(self._gpu_indices)
         except Exception as exc:  # a driver bug must not stop the reports
-            return GpuTelemetry(available=False, error=f"NVML read failed: {type(exc).__name__}: {exc}")
+            source = "simulated GPU" if self._gpu.simulated else "NVML"
+            return GpuTelemetry(available=False, error=f"{source} read failed: {type(exc).__name__}: {exc}")
 
     async def collect(self) -> telemetry_pb2.Report:
         (sample, scrape_err), health_err, gpus = await asyncio.gather(
@@ -122,7 +138,7 @@ class Collector:
             gpu_telemetry_available=gpus.available,
             gpu_telemetry_error=gpus.error,
             gpus=[telemetry_pb2.GpuStats(**asdict(g)) for g in gpus.gpus],
-            simulated_gpu=False,
+            simulated_gpu=self._gpu is not None and self._gpu.simulated,
         )
 
     def _fill_engine(self, engine: telemetry_pb2.EngineStats, s: EngineSample, now: float) -> None:

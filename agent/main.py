@@ -20,12 +20,14 @@ import tidegate.logs
 from agent.collector import Collector
 from agent.metrics import AgentMetrics
 from agent.nvml import NvmlReader
+from agent.simgpu import SimulatedGpuReader
 from agent.stream import HelloInfo, StreamClient
 from tidegate.config import ConfigBase, ConfigError, parse_endpoints
 
 log = structlog.get_logger(__name__)
 
 SECTION = "agent"
+GPU_SOURCES = ("nvml", "sim")
 
 
 class AgentConfig(ConfigBase):
@@ -54,6 +56,18 @@ class AgentConfig(ConfigBase):
     )
     engine_kind: str = Field("vllm", description="Engine kind: vllm, sglang, tgi, tidegate-sim.")
     metrics_port: int = Field(0, ge=0, lt=65536, description="Port of the agent's own /metrics (0 = off).")
+    gpu_source: str = Field(
+        "nvml",
+        description="Where GPU telemetry comes from: nvml (the real driver) or sim (the Tidegate simulator's "
+                    "labelled simulated-NVML endpoint, engine_url/sim/gpu; reports carry simulated_gpu=true).",
+    )
+
+    @field_validator("gpu_source")
+    @classmethod
+    def _gpu_source(cls, v: str) -> str:
+        if v not in GPU_SOURCES:
+            raise ValueError(f"must be one of {', '.join(GPU_SOURCES)}")
+        return v
 
     @field_validator("engine_url", "replica_id", "model")
     @classmethod
@@ -123,21 +137,22 @@ async def serve(cfg: AgentConfig, stop: asyncio.Event | None = None) -> int:
     http_server = None
     if cfg.metrics_port:
         http_server, _ = start_http_server(cfg.metrics_port, registry=metrics.registry)
-    nvml = NvmlReader()
+    nvml = NvmlReader() if cfg.gpu_source == "nvml" else None
     log.info(
         "agent_starting", replica_id=cfg.replica_id, model=cfg.model, engine_url=cfg.engine_url,
-        controlplane=list(cfg.controlplane),
+        controlplane=list(cfg.controlplane), gpu_source=cfg.gpu_source,
     )
     try:
         async with aiohttp.ClientSession() as session:
+            gpu_reader = nvml or SimulatedGpuReader(cfg.engine_url, session, timeout_s=cfg.scrape_timeout_s)
             collector = Collector(
-                cfg.engine_url, session, model=cfg.model, gpu_reader=nvml, gpu_indices=cfg.gpu_indices,
+                cfg.engine_url, session, model=cfg.model, gpu_reader=gpu_reader, gpu_indices=cfg.gpu_indices,
                 scrape_timeout_s=cfg.scrape_timeout_s, window_s=cfg.latency_window_s, metrics=metrics,
             )
             hello = HelloInfo(
                 replica_id=cfg.replica_id, pool=cfg.model, endpoint=cfg.endpoint, region=cfg.region,
                 zone=cfg.zone, gpu_indices=cfg.gpu_indices, engine_kind=cfg.engine_kind,
-                capabilities=("nvml", "histograms", "kv_capacity"),
+                capabilities=("nvml" if nvml else "sim-gpu", "histograms", "kv_capacity"),
             )
             client = StreamClient(
                 cfg.controlplane, hello, collector, report_interval_s=cfg.report_interval_s,
@@ -145,7 +160,8 @@ async def serve(cfg: AgentConfig, stop: asyncio.Event | None = None) -> int:
             )
             await client.run(stop)
     finally:
-        await asyncio.to_thread(nvml.close)
+        if nvml is not None:
+            await asyncio.to_thread(nvml.close)
         if http_server is not None:
             http_server.shutdown()
         log.info("agent_stopped", replica_id=cfg.replica_id)

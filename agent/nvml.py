@@ -5,11 +5,20 @@ the reader then reports `available=False` with the error text and no GPUs. Numbe
 invented. Per-GPU counters a board does not support (ECC on consumer cards, retired pages)
 stay 0; a GPU the driver reports lost is marked `lost=True`.
 
-Blocking calls: run `read` in a thread (`asyncio.to_thread`).
+Critical Xid errors: the first read of a device registers it for
+`nvmlEventTypeXidCriticalError` events in an event set of its own (`nvmlEventSetCreate`,
+`nvmlDeviceRegisterEvents`); every read then drains that set with `nvmlEventSetWait(set, 0)` until
+NVML answers NVML_ERROR_TIMEOUT, and reports each event's `eventData` (the Xid code) in
+`xid_events`, so each event is reported once. Events that happened before registration are not
+seen (NVML does not replay them). A device or driver that does not support events is remembered
+and not asked again; its `xid_events` stay empty.
+
+Blocking calls: run `read` in a thread (`asyncio.to_thread`), or `await aread(...)`, which does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +43,7 @@ class GpuStat:
     error: str = ""
     temperature_c: float = 0.0
     power_w: float = 0.0
+    xid_events: list[int] = field(default_factory=list)  # critical Xid codes since the previous read
 
 
 @dataclass(frozen=True)
@@ -47,13 +57,23 @@ class _Lost(Exception):
     pass
 
 
+MAX_EVENTS_PER_READ = 256  # a bound on one drain, in case the driver keeps answering
+_UNSUPPORTED = object()  # event registration not supported on this device: do not ask again
+
+
 class NvmlReader:
     """Reads the replica's GPUs. `nvml` is the pynvml module (injectable for tests)."""
+
+    simulated = False  # agent.collector.GpuSource
 
     def __init__(self, nvml: ModuleType | Any | None = None) -> None:
         self._nvml = nvml
         self._init_error: str | None = None
         self._initialised = False
+        self._event_sets: dict[int, Any] = {}  # index -> its Xid event set, or _UNSUPPORTED
+
+    async def aread(self, indices: Sequence[int] = ()) -> GpuTelemetry:
+        return await asyncio.to_thread(self.read, indices)
 
     def _module(self) -> Any:
         if self._nvml is None:
@@ -134,15 +154,61 @@ class NvmlReader:
             stat.temperature_c = float(temp or 0.0)
             power_mw = call(nv.nvmlDeviceGetPowerUsage, handle)
             stat.power_w = float(power_mw or 0) / 1000.0
+            if index not in self._event_sets:
+                self._event_sets[index] = self._register_xid_events(nv, handle, call)
         except _Lost:
             stat.lost = True
             errors.append("GPU is lost")
+        # Drained even when the GPU is lost: the set outlives the device's other queries.
+        stat.xid_events = self._drain_xid_events(nv, index, errors)
         stat.error = "; ".join(errors)
         return stat
+
+    def _register_xid_events(self, nv: Any, handle: Any, call: Callable[..., Any]) -> Any:
+        """The device's new Xid event set, or _UNSUPPORTED (raises _Lost when the GPU is gone)."""
+        event_set = call(nv.nvmlEventSetCreate)
+        if event_set is None:
+            return _UNSUPPORTED
+        try:
+            nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
+        except nv.NVMLError as exc:
+            self._free_event_set(nv, event_set)
+            if isinstance(exc, nv.NVMLError_GpuIsLost):
+                raise _Lost() from None
+            return _UNSUPPORTED  # NotSupported, or a driver that refuses: GPU readings still work
+        return event_set
+
+    def _drain_xid_events(self, nv: Any, index: int, errors: list[str]) -> list[int]:
+        event_set = self._event_sets.get(index)
+        if event_set is None or event_set is _UNSUPPORTED:
+            return []
+        xids: list[int] = []
+        for _ in range(MAX_EVENTS_PER_READ):
+            try:
+                data = nv.nvmlEventSetWait(event_set, 0)
+            except nv.NVMLError_Timeout:
+                break
+            except nv.NVMLError as exc:
+                errors.append(f"nvmlEventSetWait: {exc}")
+                break
+            if int(data.eventType) & nv.nvmlEventTypeXidCriticalError:
+                xids.append(int(data.eventData))
+        return xids
+
+    @staticmethod
+    def _free_event_set(nv: Any, event_set: Any) -> None:
+        try:
+            nv.nvmlEventSetFree(event_set)
+        except nv.NVMLError:
+            pass
 
     def close(self) -> None:
         if self._initialised:
             nv = self._module()
+            for event_set in self._event_sets.values():
+                if event_set is not _UNSUPPORTED:
+                    self._free_event_set(nv, event_set)
+            self._event_sets.clear()
             try:
                 nv.nvmlShutdown()
             except nv.NVMLError:

@@ -9,6 +9,10 @@ few dozen concurrent requests pass ``--profile tiny-h100``; router-overhead benc
 With ``--port 0`` the OS picks a free port, and one JSON line ``{"event": "listening", "port": N}``
 is printed on stdout so that a parent process can find it.
 
+Simulated NVML (GET /sim/gpu) and fault injection (POST /sim/faults) are documented in
+simulator.server and simulator.faults; ``--gpu-count`` sets how many simulated GPUs the replica
+has. A ``{"crash": true}`` fault ends the process at once with status ``CRASH_EXIT_CODE``.
+
 ``tidegate sim calibrate [--profile NAME] [--json]`` prints the cost model's step times next to the
 packaged reference measurements (simulator.calibrate) and exits 1 when a point is off by more than
 its tolerance.
@@ -20,9 +24,11 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import signal
 import sys
+import uuid
 
 import structlog
 from aiohttp import web
@@ -30,6 +36,7 @@ from pydantic import Field, field_validator
 
 from simulator import calibrate
 from simulator.engine import Engine
+from simulator.faults import SimulatedGpus, layout_for
 from simulator.metrics import FLAVORS
 from simulator.profiles import Profile, ProfileError, get_profile, profile_names
 from simulator.server import create_app
@@ -39,6 +46,7 @@ from tidegate.config import ConfigBase, ConfigError, add_flags, load
 log = structlog.get_logger(__name__)
 
 DEFAULT_PROFILE = "llama3-8b-h100"
+CRASH_EXIT_CODE = 70  # EX_SOFTWARE: what a {"crash": true} fault exits with
 
 
 class SimConfig(ConfigBase):
@@ -55,6 +63,11 @@ class SimConfig(ConfigBase):
     max_model_len: int | None = Field(None, gt=0, description="Override the profile's max_model_len.")
     fail_health: bool = Field(False, description="Answer GET /health with 503 (an unhealthy replica).")
     speedup: float = Field(1.0, gt=0, description="Divide every step time by this factor (fast tests).")
+    gpu_count: int | None = Field(
+        None, gt=0, le=64,
+        description="Simulated GPUs of the replica in GET /sim/gpu (default: the profile's tensor-parallel "
+                    "degree, 1 unless its name has tpN).",
+    )
 
     @field_validator("metrics_flavor")
     @classmethod
@@ -90,8 +103,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 async def serve(cfg: SimConfig, profile: Profile) -> None:
     model = cfg.model or profile.model
     engine = Engine(profile, random.Random(cfg.seed), keep_results=False)
+    layout = layout_for(profile, cfg.gpu_count)
+    # Random, not seeded: replicas started with the same seed must still have distinct GPUs.
+    gpus = SimulatedGpus(layout, ["GPU-" + str(uuid.uuid4()) for _ in range(layout.gpu_count)])
     app = create_app(engine, model, metrics_flavor=cfg.metrics_flavor, speedup=cfg.speedup,
-                     fail_health=cfg.fail_health)
+                     fail_health=cfg.fail_health, gpus=gpus, on_crash=_crash)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port)
@@ -101,7 +117,8 @@ async def serve(cfg: SimConfig, profile: Profile) -> None:
     if server is not None and getattr(server, "sockets", None):
         port = server.sockets[0].getsockname()[1]
     log.info("sim_listening", host=cfg.host, port=port, model=model, profile=profile.name,
-             num_gpu_blocks=profile.num_gpu_blocks, metrics_flavor=cfg.metrics_flavor, speedup=cfg.speedup)
+             num_gpu_blocks=profile.num_gpu_blocks, metrics_flavor=cfg.metrics_flavor, speedup=cfg.speedup,
+             simulated_gpus=layout.gpu_count, gpu_name=layout.name)
     if cfg.port == 0:
         print(json.dumps({"event": "listening", "port": port}), flush=True)
 
@@ -117,6 +134,15 @@ async def serve(cfg: SimConfig, profile: Profile) -> None:
                 loop.remove_signal_handler(sig)
         log.info("sim_stopping")
         await runner.cleanup()
+
+
+def _crash() -> None:
+    """A {"crash": true} fault: die now, without cleanup, like an engine process that fails."""
+    log.error("sim_crash_injected", exit_code=CRASH_EXIT_CODE)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(CRASH_EXIT_CODE)
 
 
 def run(args: argparse.Namespace) -> int:

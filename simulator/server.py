@@ -9,6 +9,33 @@ Latency histograms are observed on the wall clock, as a real engine's are.
 Endpoints: POST /v1/completions, POST /v1/chat/completions (SSE when ``stream``), GET /v1/models,
 GET /health (503 while failing health), GET /metrics, and the simulator's own admin endpoints
 POST /sim/health ``{"healthy": bool}`` and GET /sim/stats.
+
+Simulated NVML and fault injection (SIMULATION, labelled ``"simulated": true``; see simulator.faults
+for the readings' derivation and the fault body):
+
+- GET /sim/gpu: ``{"simulated": true, "gpus": [{index, uuid, name, memory_total_bytes,
+  memory_used_bytes, utilization_pct, ecc_uncorrected_volatile, ecc_corrected_volatile,
+  retired_pages_pending, lost, error, temperature_c, power_w, xid_events}]}``. Each GET returns and
+  clears the Xid events queued since the previous GET, like an NVML event set.
+- GET /sim/faults: the injected fault state. POST /sim/faults: inject (400 on a bad body); answers
+  ``{"simulated": true, "healthy": bool, "faults": {...}}``.
+
+What the engine does under each fault:
+
+- xid, ecc_*: readings only; serving goes on (the control plane must act on the reports).
+- gpu_lost: like vLLM when its GPU falls off the bus, the engine is dead: in-flight requests are
+  aborted, new ones fail with 500 (EngineDeadError) and /health answers 503. The process stays up
+  (as with VLLM_KEEP_ALIVE_ON_ENGINE_DEATH) so that the lost GPU can still be reported;
+  ``{"gpu_lost": false}`` or a clear revives it. Use ``crash`` for a process that goes away.
+- oom: new requests fail with 500 and PyTorch's "CUDA out of memory" text while /health stays 200
+  and in-flight requests complete; the GPU reads full memory and its error says "out of memory".
+  (A real vLLM usually dies on a runtime OOM; this models the degraded-but-alive case the control
+  plane must cut weight for.)
+- health: ``false`` makes /health answer 503 (as POST /sim/health does); ``true`` restores it.
+- crash: the answer is sent, then the process exits at once with status 70, skipping cleanup, like
+  an engine process dying. Only a `tidegate sim` process can crash; an app built without
+  ``on_crash`` answers 409.
+- clear: every fault (or, with ``gpu``, that GPU's) is cleared and health restored.
 """
 
 from __future__ import annotations
@@ -27,6 +54,7 @@ from aiohttp import web
 
 from simulator import tokens
 from simulator.engine import Engine, RequestOutput
+from simulator.faults import FaultError, SimulatedGpus, layout_for, parse_fault
 from simulator.metrics import SimMetrics
 from tidegate.errors import PromptTooLargeError, RequestError
 
@@ -58,13 +86,16 @@ class SimServer:
     """Owns the engine, the driver task and the per-request token queues of one replica."""
 
     def __init__(self, engine: Engine, model: str, *, metrics_flavor: str = "vllm", speedup: float = 1.0,
-                 fail_health: bool = False) -> None:
+                 fail_health: bool = False, gpus: SimulatedGpus | None = None,
+                 on_crash: Callable[[], None] | None = None) -> None:
         if speedup <= 0:
             raise ValueError("speedup must be positive")
         self.engine = engine
         self.model = model
         self.speedup = speedup
         self.fail_health = fail_health
+        self.gpus = gpus or SimulatedGpus(layout_for(engine.profile), ["GPU-" + str(uuid.uuid4())])
+        self._on_crash = on_crash
         self.metrics = SimMetrics(engine, model, metrics_flavor)
         self._tracks: dict[str, _Track] = {}
         self._wake = asyncio.Event()
@@ -92,19 +123,18 @@ class SimServer:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            start = loop.time()
             try:
-                res = self.engine.step(loop.time())
+                res = self.engine.step(start)
             except Exception:
                 log.exception("sim_step_failed")
-                for rid, track in list(self._tracks.items()):
-                    self.engine.abort(rid)
-                    track.queue.put_nowait(None)
-                self._tracks.clear()
+                self._abort_all()
                 continue
             if res.num_scheduled_tokens == 0:
                 # Nothing fits this step (cannot happen with validated requests); do not spin.
                 await asyncio.sleep(0.001)
                 continue
+            self.gpus.busy.record(start, start + res.duration_s / self.speedup)
             # sleep(0) still yields, so handlers run between the steps of the instant profile.
             await asyncio.sleep(res.duration_s / self.speedup)
             now = loop.time()
@@ -125,6 +155,14 @@ class SimServer:
                     del self._tracks[out.req_id]
                 track.queue.put_nowait(out)
 
+    def _abort_all(self) -> None:
+        """Every in-flight request ends at once (the engine failed or died)."""
+        for rid, track in list(self._tracks.items()):
+            self.engine.abort(rid)
+            track.done = True
+            track.queue.put_nowait(None)
+        self._tracks.clear()
+
     def submit(self, req_id: str, prompt_tokens: int, max_tokens: int | None) -> _Track:
         """Queue a request in the engine (raises RequestError) and return its token queue."""
         loop = asyncio.get_running_loop()
@@ -144,8 +182,13 @@ class SimServer:
 
     # ------------------------------------------------------------------ HTTP handlers
 
+    @property
+    def healthy(self) -> bool:
+        """/health's answer: not failed on purpose, and no GPU lost (a lost GPU kills vLLM's engine)."""
+        return not self.fail_health and not self.gpus.faults.any_lost
+
     async def handle_health(self, request: web.Request) -> web.Response:
-        return web.Response(status=503 if self.fail_health else 200)
+        return web.Response(status=200 if self.healthy else 503)
 
     async def handle_set_health(self, request: web.Request) -> web.Response:
         try:
@@ -161,7 +204,48 @@ class SimServer:
     async def handle_stats(self, request: web.Request) -> web.Response:
         s = self.engine.stats()
         return web.json_response({**asdict(s), "kv_usage": s.kv_usage, "profile": self.engine.profile.name,
-                                  "model": self.model, "healthy": not self.fail_health})
+                                  "model": self.model, "healthy": self.healthy})
+
+    async def handle_gpu(self, request: web.Request) -> web.Response:
+        now = asyncio.get_running_loop().time()
+        return web.json_response(self.gpus.read(now, self.engine.stats()))
+
+    def _fault_answer(self) -> dict[str, Any]:
+        return {"simulated": True, "healthy": self.healthy, "fail_health": self.fail_health,
+                "faults": self.gpus.faults.as_dict()}
+
+    async def handle_get_faults(self, request: web.Request) -> web.Response:
+        return web.json_response(self._fault_answer())
+
+    async def handle_faults(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "body must be JSON")
+        try:
+            fault = parse_fault(body, self.gpus.layout.gpu_count)
+        except FaultError as exc:
+            return _error(400, str(exc))
+        if fault.crash and self._on_crash is None:
+            return _error(409, "crash needs a `tidegate sim` process; this app has no on_crash hook")
+        was_lost = self.gpus.faults.any_lost
+        self.gpus.faults.apply(fault)
+        if fault.clear and fault.gpu is None:
+            self.fail_health = False
+        if fault.health is not None:
+            self.fail_health = not fault.health
+        if self.gpus.faults.any_lost and not was_lost:
+            self._abort_all()  # the engine died with its GPU
+        log.warning("sim_fault_injected", gpu=fault.gpu, xids=list(fault.xids), ecc_uncorrected=fault.ecc_uncorrected,
+                    ecc_corrected=fault.ecc_corrected, gpu_lost=fault.gpu_lost, oom=fault.oom, health=fault.health,
+                    crash=fault.crash, clear=fault.clear)
+        if not fault.crash:
+            return web.json_response(self._fault_answer())
+        resp = web.json_response({**self._fault_answer(), "crashing": True})
+        await resp.prepare(request)
+        await resp.write_eof()
+        self._on_crash()  # type: ignore[misc]  # checked above
+        return resp
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         resp = web.Response(body=self.metrics.render())
@@ -237,6 +321,10 @@ class SimServer:
             prompt_tokens, max_tokens, stream, include_usage = self._parse(body, chat)
         except _BadRequest as bad:
             return bad.response
+        if self.gpus.faults.any_lost:
+            return _error(500, "EngineCore is dead: GPU is lost (simulated gpu_lost fault)", etype="EngineDeadError")
+        if self.gpus.faults.oom:
+            return _error(500, self.gpus.oom_message(), etype="InternalServerError")
         req_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         try:
             track = self.submit(req_id, prompt_tokens, max_tokens)
@@ -330,11 +418,15 @@ SIM_KEY = web.AppKey("tidegate_sim", SimServer)
 
 
 def create_app(engine: Engine, model: str, *, metrics_flavor: str = "vllm", speedup: float = 1.0,
-               fail_health: bool = False) -> web.Application:
+               fail_health: bool = False, gpus: SimulatedGpus | None = None,
+               on_crash: Callable[[], None] | None = None) -> web.Application:
     """The aiohttp application of one simulated replica; ``app[SIM_KEY]`` is its SimServer.
     Serve it with ``web.AppRunner(app, handler_cancellation=True)`` so that a client that goes
-    away cancels its handler (and frees its KV) at once."""
-    sim = SimServer(engine, model, metrics_flavor=metrics_flavor, speedup=speedup, fail_health=fail_health)
+    away cancels its handler (and frees its KV) at once. ``gpus``: the simulated GPUs (default:
+    the profile's layout, one random uuid). ``on_crash``: what a ``{"crash": true}`` fault calls
+    (it should not return); without it that fault answers 409."""
+    sim = SimServer(engine, model, metrics_flavor=metrics_flavor, speedup=speedup, fail_health=fail_health,
+                    gpus=gpus, on_crash=on_crash)
     app = web.Application()
     app[SIM_KEY] = sim
 
@@ -353,4 +445,7 @@ def create_app(engine: Engine, model: str, *, metrics_flavor: str = "vllm", spee
     app.router.add_get("/metrics", sim.handle_metrics)
     app.router.add_post("/sim/health", sim.handle_set_health)
     app.router.add_get("/sim/stats", sim.handle_stats)
+    app.router.add_get("/sim/gpu", sim.handle_gpu)
+    app.router.add_get("/sim/faults", sim.handle_get_faults)
+    app.router.add_post("/sim/faults", sim.handle_faults)
     return app

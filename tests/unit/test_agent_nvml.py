@@ -1,12 +1,21 @@
-"""agent.nvml: NvmlReader with a fake pynvml module, and with the real one (no driver here)."""
+"""agent.nvml: NvmlReader with a fake pynvml module, and with the real one (no driver here).
+
+Also agent.simgpu.SimulatedGpuReader against a real aiohttp server on 127.0.0.1.
+"""
 
 from __future__ import annotations
 
+import socket
+from collections import deque
 from dataclasses import dataclass, field
 
+import aiohttp
 import pynvml
+import pytest
+from aiohttp import web
 
 from agent.nvml import GpuStat, NvmlReader
+from agent.simgpu import SimulatedGpuReader
 
 
 class FakeNvmlError(Exception):
@@ -23,6 +32,25 @@ class FakeGpuIsLost(FakeNvmlError):
 
 class FakeUnknown(FakeNvmlError):
     pass
+
+
+class FakeTimeout(FakeNvmlError):
+    pass
+
+
+@dataclass
+class FakeEventData:
+    device: object
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = 0
+    computeInstanceId: int = 0
+
+
+@dataclass
+class FakeEventSet:
+    devices: list = field(default_factory=list)  # registered FakeGpus
+    freed: bool = False
 
 
 @dataclass
@@ -50,6 +78,8 @@ class FakeGpu:
     temp: int = 55
     power_mw: int = 250_000
     lost: bool = False
+    events_supported: bool = True
+    xids: deque[int] = field(default_factory=deque)  # critical Xid events the driver has not delivered
 
 
 class FakeNvml:
@@ -58,6 +88,8 @@ class FakeNvml:
     NVMLError = FakeNvmlError
     NVMLError_NotSupported = FakeNotSupported
     NVMLError_GpuIsLost = FakeGpuIsLost
+    NVMLError_Timeout = FakeTimeout
+    nvmlEventTypeXidCriticalError = 0x8
     NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     NVML_VOLATILE_ECC = 0
@@ -69,6 +101,8 @@ class FakeNvml:
         self.init_error = init_error
         self.init_calls = 0
         self.shutdown_calls = 0
+        self.event_sets: list[FakeEventSet] = []
+        self.register_calls = 0
 
     def nvmlInit(self) -> None:
         self.init_calls += 1
@@ -121,6 +155,31 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, h: FakeGpu) -> int:
         return self._alive(h).power_mw
+
+    def nvmlEventSetCreate(self) -> FakeEventSet:
+        s = FakeEventSet()
+        self.event_sets.append(s)
+        return s
+
+    def nvmlEventSetFree(self, s: FakeEventSet) -> None:
+        s.freed = True
+
+    def nvmlDeviceRegisterEvents(self, h: FakeGpu, types: int, s: FakeEventSet) -> None:
+        self.register_calls += 1
+        g = self._alive(h)
+        if not g.events_supported:
+            raise FakeNotSupported("Not Supported")
+        assert types == self.nvmlEventTypeXidCriticalError
+        s.devices.append(g)
+
+    def nvmlEventSetWait(self, s: FakeEventSet, timeout_ms: int) -> FakeEventData:
+        # Like the driver: events are delivered even after the GPU is lost; none pending -> timeout.
+        assert timeout_ms == 0 and not s.freed
+        for g in s.devices:
+            if g.xids:
+                return FakeEventData(device=g, eventType=self.nvmlEventTypeXidCriticalError,
+                                     eventData=g.xids.popleft())
+        raise FakeTimeout("Timeout")
 
 
 def test_happy_path_all_gpus() -> None:
@@ -220,3 +279,138 @@ def test_fake_matches_real_module_surface() -> None:
     assert missing == []
 
 
+
+
+# ------------------------------------------------------------------ Xid events
+
+
+def test_xid_events_are_reported_once_per_device() -> None:
+    a, b = FakeGpu("GPU-a", "x"), FakeGpu("GPU-b", "y")
+    nv = FakeNvml([a, b])
+    reader = NvmlReader(nv)
+    assert [g.xid_events for g in reader.read().gpus] == [[], []]  # registers; nothing yet
+    a.xids.extend([79, 48])
+    b.xids.append(94)
+    assert [g.xid_events for g in reader.read().gpus] == [[79, 48], [94]]
+    assert [g.xid_events for g in reader.read().gpus] == [[], []]  # drained: not reported twice
+    assert nv.register_calls == 2  # once per device, not once per read
+    reader.close()
+    assert all(s.freed for s in nv.event_sets) and nv.shutdown_calls == 1
+
+
+def test_xid_events_of_a_gpu_that_is_then_lost_still_arrive() -> None:
+    g = FakeGpu("GPU-a", "x")
+    nv = FakeNvml([g])
+    reader = NvmlReader(nv)
+    reader.read()
+    g.xids.append(79)
+    g.lost = True
+    stat = reader.read().gpus[0]
+    assert stat.lost and stat.xid_events == [79]
+
+
+def test_events_not_supported_is_tolerated_and_not_retried() -> None:
+    nv = FakeNvml([FakeGpu("GPU-a", "x", events_supported=False)])
+    reader = NvmlReader(nv)
+    for _ in range(3):
+        g = reader.read().gpus[0]
+        assert g.xid_events == [] and g.error == "" and g.memory_total_bytes == 80 * 2**30
+    assert nv.register_calls == 1
+    assert nv.event_sets[0].freed  # the unused set is released at once
+
+
+def test_lost_before_registration_registers_later() -> None:
+    g = FakeGpu("GPU-a", "x", lost=True)
+    nv = FakeNvml([g])
+    reader = NvmlReader(nv)
+    assert reader.read().gpus[0].lost
+    g.lost = False  # e.g. after a reset
+    reader.read()
+    g.xids.append(31)
+    assert reader.read().gpus[0].xid_events == [31]
+
+
+def test_wait_error_is_recorded_and_readings_kept() -> None:
+    class WaitFails(FakeNvml):
+        def nvmlEventSetWait(self, s: FakeEventSet, timeout_ms: int) -> FakeEventData:
+            raise FakeUnknown("Unknown Error")
+
+    g = NvmlReader(WaitFails([FakeGpu("GPU-a", "x")])).read().gpus[0]
+    assert "nvmlEventSetWait" in g.error and g.xid_events == [] and g.utilization_pct == 42.0
+
+
+# ------------------------------------------------------------------ SimulatedGpuReader
+
+SIM_GPU = {
+    "index": 0, "uuid": "GPU-sim-0", "name": "NVIDIA H100 80GB HBM3 (simulated)",
+    "memory_total_bytes": 85520809984, "memory_used_bytes": 20_000_000_000, "utilization_pct": 37.5,
+    "ecc_uncorrected_volatile": 2, "ecc_corrected_volatile": 0, "retired_pages_pending": 1, "lost": False,
+    "error": "", "temperature_c": 45.5, "power_w": 300.0, "xid_events": [79],
+}
+
+
+@pytest.fixture
+async def sim_gpu_server():
+    """A real HTTP server answering GET /sim/gpu with whatever the test puts in `answer`."""
+    state: dict = {"status": 200, "body": {"simulated": True, "gpus": [SIM_GPU]}, "gets": 0}
+
+    async def handle(request: web.Request) -> web.Response:
+        state["gets"] += 1
+        return web.json_response(state["body"], status=state["status"])
+
+    app = web.Application()
+    app.router.add_get("/sim/gpu", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    async with aiohttp.ClientSession() as session:
+        yield state, f"http://127.0.0.1:{port}/", session
+    await runner.cleanup()
+
+
+async def test_sim_reader_parses_labelled_answer(sim_gpu_server) -> None:
+    state, url, session = sim_gpu_server
+    reader = SimulatedGpuReader(url, session)
+    assert reader.simulated
+    t = await reader.aread()
+    assert t.available and t.error == ""
+    assert t.gpus == (GpuStat(
+        index=0, uuid="GPU-sim-0", name="NVIDIA H100 80GB HBM3 (simulated)", memory_total_bytes=85520809984,
+        memory_used_bytes=20_000_000_000, utilization_pct=37.5, ecc_uncorrected_volatile=2,
+        ecc_corrected_volatile=0, retired_pages_pending=1, lost=False, error="", temperature_c=45.5,
+        power_w=300.0, xid_events=[79],
+    ),)
+    assert state["gets"] == 1
+
+
+async def test_sim_reader_filters_indices(sim_gpu_server) -> None:
+    state, url, session = sim_gpu_server
+    state["body"] = {"simulated": True, "gpus": [SIM_GPU, {**SIM_GPU, "index": 1, "lost": True, "xid_events": []}]}
+    t = await SimulatedGpuReader(url, session).aread([1])
+    assert [(g.index, g.lost) for g in t.gpus] == [(1, True)]
+
+
+@pytest.mark.parametrize(("status", "body", "needle"), [
+    (404, {"error": "nope"}, "HTTP 404"),
+    (200, {"gpus": [SIM_GPU]}, "not labelled"),  # unlabelled numbers are refused
+    (200, {"simulated": False, "gpus": [SIM_GPU]}, "not labelled"),
+    (200, {"simulated": True, "gpus": [{**SIM_GPU, "memory_used_bytes": -1}]}, "memory_used_bytes"),
+    (200, {"simulated": True, "gpus": [{**SIM_GPU, "xid_events": 79}]}, "xid_events"),
+    (200, {"simulated": True, "gpus": "x"}, "gpus must be a list"),
+], ids=["404", "unlabelled", "labelled-false", "negative", "xid-not-list", "gpus-not-list"])
+async def test_sim_reader_errors_are_unavailable(sim_gpu_server, status, body, needle) -> None:
+    state, url, session = sim_gpu_server
+    state["status"], state["body"] = status, body
+    t = await SimulatedGpuReader(url, session).aread()
+    assert not t.available and t.gpus == () and needle in t.error
+
+
+async def test_sim_reader_unreachable_engine() -> None:
+    with socket.socket() as sock:  # a port that was free a moment ago and has no listener now
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with aiohttp.ClientSession() as session:
+        t = await SimulatedGpuReader(f"http://127.0.0.1:{port}", session, timeout_s=2.0).aread()
+    assert not t.available and "simulated GPU" in t.error and "ClientConnectorError" in t.error
