@@ -1,0 +1,93 @@
+"""Figures of one run (pure): SLO attainment, goodput, latency percentiles, per-replica load.
+
+- A request meets the SLO when it was served, its TTFT <= slo_ttft and its TPOT (mean time per
+  output token after the first) <= slo_tpot; a one-token answer has no TPOT and only needs TTFT.
+- slo_attainment = met / all requests (rejected and unfinished ones count as missed); per class too.
+- goodput_rps = met / arrival span (first to last arrival; the run's length when that is 0).
+- queue_ms = arrival to the engine step that first schedules the request.
+- utilisation = time the engine spent in steps / the run (first arrival to last completion).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from fleetsim.sim import SimResult, makespan
+from tidegate.fleet.report import summary_ms
+
+
+def summarize(result: SimResult, *, policy: str, load: float | None, slo_ttft_s: float, slo_tpot_s: float,
+              offered_rps: float, wall_s: float | None = None) -> dict[str, Any]:
+    recs = result.records
+    served = [r for r in recs if r.finish_s is not None]
+    met_by_class: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    met = 0
+    for r in recs:
+        ok = False
+        if r.finish_s is not None:
+            ttft, tpot = r.ttft_s, r.tpot_s
+            ok = ttft is not None and ttft <= slo_ttft_s and (tpot is None or tpot <= slo_tpot_s)
+        met += ok
+        c = met_by_class[r.req.klass]
+        c[0] += ok
+        c[1] += 1
+    arrivals = [r.req.arrival_s for r in recs]
+    span = (max(arrivals) - min(arrivals)) if arrivals else 0.0
+    run_s = makespan(result)
+    if span <= 0:
+        span = run_s
+    rejected: dict[str, int] = defaultdict(int)
+    for r in recs:
+        if r.rejected:
+            rejected[r.rejected] += 1
+    out: dict[str, Any] = {
+        "policy": policy,
+        "load": load,
+        "requests": len(recs),
+        "completed": len(served),
+        "offered_rps": round(offered_rps, 3),
+        "duration_s": round(span, 3),
+        "makespan_s": round(run_s, 3),
+        "goodput_rps": round(met / span, 3) if span > 0 else 0.0,
+        "throughput_rps": round(len(served) / span, 3) if span > 0 else 0.0,
+        "slo": {"ttft_ms": round(slo_ttft_s * 1000, 3), "tpot_ms": round(slo_tpot_s * 1000, 3)},
+        "slo_attainment": round(met / len(recs), 4) if recs else 0.0,
+        "slo_attainment_by_class": {k: round(v[0] / v[1], 4) for k, v in sorted(met_by_class.items())},
+        "ttft_ms": summary_ms([r.ttft_s for r in served if r.ttft_s is not None]),
+        "tpot_ms": summary_ms([r.tpot_s for r in served if r.tpot_s is not None]),
+        "queue_ms": summary_ms([r.queue_s for r in served if r.queue_s is not None]),
+        "rejected": sum(rejected.values()),
+        "rejected_by_reason": dict(sorted(rejected.items())),
+        "preemptions": sum(rep.preemptions for rep in result.replicas),
+        "replicas": [
+            {"id": rep.replica_id, "profile": rep.profile,
+             "utilisation": round(min(1.0, rep.busy_s / run_s), 4) if run_s > 0 else 0.0,
+             "peak_kv": round(rep.peak_kv, 4), "requests": rep.requests, "preemptions": rep.preemptions}
+            for rep in result.replicas
+        ],
+    }
+    if wall_s is not None:
+        out["wall_s"] = round(wall_s, 2)
+    return out
+
+
+def render(runs: list[dict[str, Any]]) -> str:
+    """One line per run: the side-by-side table printed by `tidegate simulate`."""
+    head = (f"{'policy':<19} {'load':>5} {'reqs':>6} {'goodput':>8} {'SLO %':>6} {'TTFT p50':>9} {'p95':>8} "
+            f"{'p99':>8} {'TPOT p50':>9} {'p95':>6} {'p99':>6} {'queue p95':>9} {'preempt':>7} {'rej':>5} "
+            f"{'util':>9} {'peak KV':>7}")
+    lines = [head, "-" * len(head)]
+    for r in runs:
+        utils = [x["utilisation"] for x in r["replicas"]]
+        util = f"{min(utils) * 100:.0f}-{max(utils) * 100:.0f}%" if utils else "-"
+        peak = max((x["peak_kv"] for x in r["replicas"]), default=0.0)
+        load = "-" if r["load"] is None else f"{r['load']:g}"
+        lines.append(
+            f"{r['policy']:<19} {load:>5} {r['requests']:>6} {r['goodput_rps']:>8.2f} "
+            f"{r['slo_attainment'] * 100:>6.1f} "
+            f"{r['ttft_ms']['p50']:>9.0f} {r['ttft_ms']['p95']:>8.0f} {r['ttft_ms']['p99']:>8.0f} "
+            f"{r['tpot_ms']['p50']:>9.1f} {r['tpot_ms']['p95']:>6.1f} {r['tpot_ms']['p99']:>6.1f} "
+            f"{r['queue_ms']['p95']:>9.0f} {r['preemptions']:>7} {r['rejected']:>5} {util:>9} {peak * 100:>6.1f}%"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,358 @@
+"""The event loop: replicas, agents, the control plane's weight code and one router, on a virtual clock.
+
+What runs, and with which real code:
+
+- each replica is a `simulator.engine.Engine` (fleetsim.replica);
+- each agent samples its engine every `report_interval_s` (phases spread at random over the
+  first interval, like agents started at different times) and builds the same Report as the
+  real agent (fleetsim.agent);
+- the control plane is the real `controlplane.fleet.FleetState` (sanitize, on_report, views)
+  on the virtual clock; every `tick_s` it runs the real `tidegate.policy.weights
+  .compute_pool_tables`; a table that differs from the previous one reaches the router
+  `propagation_s` later (etcd write + watch);
+- the router runs the chosen registry policy per request over the last table it received plus
+  its own in-flight counts (acquired at dispatch, released when the request finishes);
+- optionally (`scrape_interval_s`) the router also polls every engine's queue and KV itself, as
+  llm-d's endpoint picker does every 50 ms; those figures then replace the table's (weights and
+  states still come only from the control plane, so the `tidegate` policy is unaffected).
+
+Events at one instant are handled in the order: table delivery, router scrape, agent report,
+control-plane tick, arrival. Before an event at time t that reads engine state every engine it reads is
+advanced to t (all of them before an arrival, since the pick reads the router's in-flight counts;
+the reporting one before a report), so nothing is seen before it happens and nothing that has
+happened is missed. The agents and the control plane start `warmup_s`
+before the first arrival, so the first requests find a published table. Deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from controlplane.fleet import FleetState
+from fleetsim.agent import SimAgent
+from fleetsim.replica import SimReplica
+from fleetsim.workload import SimRequest
+from simulator.profiles import Profile
+from tidegate.errors import RequestError
+from tidegate.policy.registry import LiveLoad, Policy, PoolSnapshot, RequestFeatures, RouteInfo, notify
+from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables
+
+_DELIVER, _SCRAPE, _REPORT, _TICK = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    report_interval_s: float = 1.0
+    tick_s: float = 0.5
+    propagation_s: float = 0.005
+    warmup_s: float = 3.0
+    window_s: float = 30.0              # the agents' latency window
+    pool: str = "sim"
+    max_drain_s: float = 6 * 3600.0     # after the last arrival; what is still running then is aborted
+    weights: WeightPolicyConfig = field(default_factory=WeightPolicyConfig)
+    record_samples: bool = False        # keep (t, running, waiting, kv) per report, for plots
+    engine_fast_path: bool = True       # Engine.advance when it exists; False: step by step (reference)
+    # The router's own scrape of every engine (llm-d's EPP polls each engine every 50 ms): when
+    # set, the running / waiting / KV figures the router's policy sees are refreshed from the
+    # engines this often; weights and states still come only from the control plane's tables.
+    scrape_interval_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.report_interval_s > 0 and self.tick_s > 0 and self.propagation_s >= 0 and self.warmup_s >= 0):
+            raise ValueError("need report_interval_s > 0, tick_s > 0, propagation_s >= 0, warmup_s >= 0")
+        if self.scrape_interval_s is not None and not self.scrape_interval_s > 0:
+            raise ValueError("scrape_interval_s must be positive (or None)")
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    req: SimRequest
+    replica: str | None = None
+    rejected: str = ""                  # why, when the request was never served
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    queue_s: float | None = None        # TTFT minus its own prefill alone (see results.py)
+    cached_tokens: int = 0
+    preemptions: int = 0
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.req.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.finish_s is None or self.first_token_s is None or self.req.output_tokens <= 1:
+            return None
+        return (self.finish_s - self.first_token_s) / (self.req.output_tokens - 1)
+
+
+@dataclass(frozen=True)
+class ReplicaSummary:
+    replica_id: str
+    profile: str
+    busy_s: float
+    peak_kv: float
+    requests: int
+    preemptions: int
+
+
+@dataclass(frozen=True)
+class TableDelivery:
+    computed_s: float
+    delivered_s: float
+    entries: tuple[RouteInfo, ...]
+
+
+@dataclass
+class SimResult:
+    records: list[RequestRecord]
+    replicas: list[ReplicaSummary]
+    end_s: float
+    deliveries: list[TableDelivery]
+    samples: dict[str, list[tuple[float, int, int, float]]]
+    engine_fast_path: bool
+
+
+VIRTUAL_EPOCH = 1_700_000_000.0  # unix seconds at virtual time 0, for FleetState's wall clock
+
+
+def _fleet_state(weights: WeightPolicyConfig, now) -> FleetState:
+    """The control plane's FleetState on the virtual clock (its wall clock too, when it takes one)."""
+    try:
+        return FleetState(weights, now=now, wall=lambda: VIRTUAL_EPOCH + now())
+    except TypeError:
+        return FleetState(weights, now=now)
+
+
+def _route_info(e) -> RouteInfo:  # e: tidegate.v1.RouteEntry
+    return RouteInfo(replica_id=e.replica_id, weight=e.weight, state=e.state, kv_free_tokens=e.kv_free_tokens,
+                     kv_capacity_tokens=e.kv_capacity_tokens, running=e.running, waiting=e.waiting,
+                     endpoint=e.endpoint)
+
+
+class Simulation:
+    def __init__(self, profiles: Sequence[Profile], policy: Policy, requests: Sequence[SimRequest],
+                 cfg: SimConfig | None = None, seed: int = 0) -> None:
+        if not profiles:
+            raise ValueError("need at least one replica")
+        self.cfg = cfg or SimConfig()
+        self.policy = policy
+        self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.index))
+        self.now = -self.cfg.warmup_s + (self.requests[0].arrival_s if self.requests else 0.0)
+        self._rng = random.Random(f"router/{seed}")
+        phase_rng = random.Random(f"phases/{seed}")
+        width = max(2, len(str(len(profiles) - 1)))
+        self.replicas = [SimReplica(f"replica-{i:0{width}d}", p, random.Random(f"engine/{seed}/{i}"), self.now,
+                                 use_engine_advance=self.cfg.engine_fast_path)
+                         for i, p in enumerate(profiles)]
+        self.agents = [SimAgent(r.replica_id, self.cfg.pool, self.cfg.window_s) for r in self.replicas]
+        self.fleet = _fleet_state(self.cfg.weights, lambda: self.now)
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        for i, agent in enumerate(self.agents):
+            self.fleet.on_hello(agent.hello)
+            self._push(self.now + phase_rng.uniform(0.0, self.cfg.report_interval_s), _REPORT, i)
+        self._push(self.now + self.cfg.tick_s, _TICK, None)
+        if self.cfg.scrape_interval_s is not None:
+            self._push(self.now + self.cfg.scrape_interval_s, _SCRAPE, None)
+        self.table: tuple[RouteInfo, ...] = ()      # as delivered by the control plane
+        self.view: tuple[RouteInfo, ...] = ()       # what the policy sees: the table, plus the scrape
+        self._scraped: dict[str, tuple[int, int, int, int]] = {}
+        self._last_table: tuple[RouteInfo, ...] | None = None
+        self.inflight: dict[str, int] = {r.replica_id: 0 for r in self.replicas}
+        self.records: dict[str, RequestRecord] = {}
+        self._features: dict[str, RequestFeatures] = {}
+        self._counts = {r.replica_id: 0 for r in self.replicas}
+        self._by_id = {r.replica_id: (r, a) for r, a in zip(self.replicas, self.agents, strict=True)}
+        self.deliveries: list[TableDelivery] = []
+        self.samples: dict[str, list[tuple[float, int, int, float]]] = {r.replica_id: [] for r in self.replicas}
+        self._outstanding = 0
+        self._wants_live = getattr(policy, "name", "") == "oracle"
+
+    def _push(self, t: float, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, kind, self._seq, payload))
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> SimResult:
+        reqs = self.requests
+        n = len(reqs)
+        ai = 0
+        last_arrival = reqs[-1].arrival_s if reqs else self.now
+        deadline = last_arrival + self.cfg.max_drain_s
+        heap = self._heap
+        while True:
+            if ai >= n and self._outstanding == 0:
+                break
+            t_next = heap[0][0]
+            if ai < n and reqs[ai].arrival_s < t_next:
+                t = reqs[ai].arrival_s
+                if t > self.now:
+                    self._advance(t)
+                self._arrive(reqs[ai])
+                ai += 1
+                continue
+            if t_next > deadline:
+                break
+            t, kind, _, payload = heapq.heappop(heap)
+            # Table deliveries and control-plane ticks read no engine state, and a report reads
+            # only its own replica's, so only arrivals (whose pick reads the router's in-flight
+            # counts, i.e. every engine's completions) advance every engine.
+            self.now = t
+            if kind == _DELIVER:
+                self._deliver(payload)  # type: ignore[arg-type]
+            elif kind == _SCRAPE:
+                self._scrape(t)
+            elif kind == _REPORT:
+                self._report(payload)  # type: ignore[arg-type]
+            else:
+                self._tick()
+        end = self.now
+        for rec in self.records.values():
+            if rec.finish_s is None and not rec.rejected:
+                rec.rejected = "unfinished"
+        return SimResult(
+            records=[self.records[r.req_id] for r in reqs if r.req_id in self.records],
+            replicas=[ReplicaSummary(r.replica_id, r.profile.name, r.busy_s, r.peak_kv, self._counts[r.replica_id],
+                                     r.engine.stats().preemptions_total) for r in self.replicas],
+            end_s=end,
+            deliveries=self.deliveries,
+            samples=self.samples,
+            engine_fast_path=all(r.native_advance for r in self.replicas),
+        )
+
+    def _advance(self, t: float) -> None:
+        self.now = t
+        for rep in self.replicas:
+            if rep.idle_until(t):
+                continue
+            for ev in rep.advance(t):
+                self._on_event(rep, ev.kind, ev.req_id, ev.t_s)
+
+    def _advance_one(self, rep: SimReplica, t: float) -> None:
+        for ev in rep.advance(t):
+            self._on_event(rep, ev.kind, ev.req_id, ev.t_s)
+
+    def _on_event(self, rep: SimReplica, kind: str, req_id: str, t_s: float) -> None:
+        rec = self.records.get(req_id)
+        if rec is None:
+            return
+        if kind == "first_token":
+            if rec.first_token_s is None:
+                rec.first_token_s = t_s
+                self._by_id[rep.replica_id][1].observe_ttft(t_s - rec.req.arrival_s)
+                notify(self.policy, "on_first_token", self._features[req_id], rep.replica_id)
+        elif kind == "finished":
+            if rec.finish_s is not None:
+                return
+            rec.finish_s = t_s
+            if rec.first_token_s is None:
+                rec.first_token_s = t_s
+            res = rep.engine.pop_result(req_id)
+            if res is not None:
+                rec.cached_tokens = res.cached_tokens
+            own = rep.solo_prefill_s(rec.req.prompt_tokens - rec.cached_tokens)
+            rec.queue_s = max(0.0, rec.first_token_s - rec.req.arrival_s - own)
+            self._by_id[rep.replica_id][1].observe_finished(rec.first_token_s, t_s, rec.req.output_tokens)
+            self.inflight[rep.replica_id] -= 1
+            self._outstanding -= 1
+            notify(self.policy, "on_complete", self._features.pop(req_id), rep.replica_id)
+        elif kind == "preempted":
+            rec.preemptions += 1
+
+    def _arrive(self, req: SimRequest) -> None:
+        features = RequestFeatures(prompt_tokens=req.prompt_tokens, max_tokens=req.output_tokens,
+                                   prefix_hashes=req.prefix_hashes, priority=req.priority, req_id=req.req_id,
+                                   true_output_tokens=req.output_tokens)
+        rec = RequestRecord(req)
+        self.records[req.req_id] = rec
+        live = None
+        if self._wants_live:
+            live = {}
+            for r in self.replicas:
+                s = r.engine.stats()
+                live[r.replica_id] = LiveLoad(s.running, s.waiting, s.kv_free_tokens,
+                                              s.num_gpu_blocks * s.block_size)
+        snap = PoolSnapshot(self.view, self.inflight, frozenset(), live)
+        choice = self.policy.pick(snap, features, self._rng)
+        if choice is None:
+            rec.rejected = "no_replica"
+            return
+        rep = self._by_id[choice.replica_id][0]
+        try:
+            rep.submit(req.req_id, req.prompt_tokens, req.output_tokens, req.arrival_s, req.prefix_hashes,
+                       req.hash_block_tokens)
+        except RequestError as exc:
+            rec.rejected = "too_large" if "larger" in str(exc) or "context length" in str(exc) else "invalid"
+            return
+        rec.replica = rep.replica_id
+        self.inflight[rep.replica_id] += 1
+        self._counts[rep.replica_id] += 1
+        self._outstanding += 1
+        self._features[req.req_id] = features
+        notify(self.policy, "on_dispatch", features, rep.replica_id)
+
+    def _report(self, i: int) -> None:
+        rep, agent = self.replicas[i], self.agents[i]
+        self._advance_one(rep, self.now)
+        report = agent.report(rep.engine, self.now)
+        kv = report.engine.kv_cache_usage
+        if kv > rep.peak_kv:
+            rep.peak_kv = kv
+        if self.cfg.record_samples:
+            self.samples[rep.replica_id].append((self.now, report.engine.num_requests_running,
+                                                 report.engine.num_requests_waiting, kv))
+        self.fleet.on_report(agent.hello, report)
+        self._push(self.now + self.cfg.report_interval_s, _REPORT, i)
+
+    def _tick(self) -> None:
+        # What routers publish about themselves (their in-flight per replica: drains wait for it).
+        set_inflight = getattr(self.fleet, "set_router_inflight", None)
+        if set_inflight is not None:
+            set_inflight(self.inflight)
+        self.fleet.prune(self.now)
+        tables = compute_pool_tables(self.fleet.views(self.now), self.cfg.weights)
+        take_events = getattr(self.fleet, "take_events", None)
+        if take_events is not None:
+            take_events()  # the audit trail the real control plane writes to etcd; not modelled
+        entries = tuple(_route_info(e) for e in tables.get(self.cfg.pool, ()))
+        if entries != self._last_table:
+            self._last_table = entries
+            self._push(self.now + self.cfg.propagation_s, _DELIVER, (self.now, entries))
+        self._push(self.now + self.cfg.tick_s, _TICK, None)
+
+    def _deliver(self, payload: tuple[float, tuple[RouteInfo, ...]]) -> None:
+        computed, entries = payload
+        self.table = entries
+        self._refresh_view()
+        self.deliveries.append(TableDelivery(computed, self.now, entries))
+
+    def _scrape(self, t: float) -> None:
+        self._advance(t)
+        for r in self.replicas:
+            st = r.engine.stats()
+            self._scraped[r.replica_id] = (st.running, st.waiting, st.kv_free_tokens, st.num_gpu_blocks * st.block_size)
+        self._refresh_view()
+        self._push(t + self.cfg.scrape_interval_s, _SCRAPE, None)  # type: ignore[operator]
+
+    def _refresh_view(self) -> None:
+        if not self._scraped:
+            self.view = self.table
+            return
+        out = []
+        for e in self.table:
+            m = self._scraped.get(e.replica_id)
+            out.append(e if m is None else replace(e, running=m[0], waiting=m[1], kv_free_tokens=m[2],
+                                                   kv_capacity_tokens=m[3]))
+        self.view = tuple(out)
+
+
+def makespan(result: SimResult) -> float:
+    arrivals = [r.req.arrival_s for r in result.records]
+    start = min(arrivals) if arrivals else 0.0
+    return max(result.end_s - start, 1e-9) if math.isfinite(result.end_s) else 0.0

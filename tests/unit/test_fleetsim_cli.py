@@ -1,0 +1,118 @@
+"""`tidegate simulate` through its real entry point, and its argument handling."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetsim import main as simulate
+from simulator.profiles import get_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tidegate.cli.main", "simulate", *args, "--log-level", "warning"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_end_to_end_json_schema(tmp_path):
+    out = tmp_path / "out.json"
+    proc = _run("--workload", "poisson", "--rate", "5", "--requests", "80", "--replicas", "2",
+                "--policy", "tidegate", "--policy", "round_robin", "--load", "0.2,0.6",
+                "--slo-ttft", "2000ms", "--slo-tpot", "0.1s", "--seed", "3", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "round_robin" in proc.stdout and "goodput" in proc.stdout
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["policy"], r["load"]) for r in runs] == [("tidegate", 0.2), ("round_robin", 0.2),
+                                                         ("tidegate", 0.6), ("round_robin", 0.6)]
+    for r in runs:
+        assert {"policy", "load", "requests", "goodput_rps", "slo_attainment", "slo_attainment_by_class", "ttft_ms",
+                "tpot_ms", "queue_ms", "rejected", "preemptions", "replicas"} <= set(r)
+        for k in ("ttft_ms", "tpot_ms", "queue_ms"):
+            assert set(r[k]) == {"p50", "p95", "p99"}
+            assert r[k]["p50"] <= r[k]["p95"] <= r[k]["p99"]
+        assert r["requests"] == 80 and r["slo"] == {"ttft_ms": 2000.0, "tpot_ms": 100.0}
+        assert 0 <= r["slo_attainment"] <= 1 and set(r["slo_attainment_by_class"]) == {"default"}
+        assert len(r["replicas"]) == 2
+        for rep in r["replicas"]:
+            assert {"id", "utilisation", "peak_kv", "requests"} <= set(rep)
+            assert 0 <= rep["utilisation"] <= 1 and 0 <= rep["peak_kv"] <= 1
+        assert sum(rep["requests"] for rep in r["replicas"]) + r["rejected"] == 80
+    # Same seed, same figures: the run is deterministic through the CLI too.
+    out2 = tmp_path / "again.json"
+    proc = _run("--workload", "poisson", "--rate", "5", "--requests", "80", "--replicas", "2",
+                "--policy", "tidegate", "--policy", "round_robin", "--load", "0.2,0.6",
+                "--slo-ttft", "2000ms", "--slo-tpot", "0.1s", "--seed", "3", "--json", str(out2))
+    strip = [{k: v for k, v in r.items() if k != "wall_s"} for r in json.loads(out2.read_text())["runs"]]
+    assert strip == [{k: v for k, v in r.items() if k != "wall_s"} for r in runs]
+
+
+def test_load_and_rate_scale_exclude_each_other():
+    proc = _run("--requests", "5", "--load", "0.5", "--rate-scale", "2")
+    assert proc.returncode == 2 and "not both" in proc.stderr
+
+
+def test_unknown_policy_lists_valid_ones():
+    proc = _run("--policy", "nope", "--requests", "5")
+    assert proc.returncode == 2
+    assert "unknown policy 'nope'" in proc.stderr and "sglang_cache_aware" in proc.stderr
+
+
+@pytest.mark.parametrize(("text", "bare", "seconds"), [("2s", "s", 2.0), ("2000ms", "s", 2.0), ("2", "s", 2.0),
+                                                         ("100ms", "ms", 0.1), ("0.1s", "ms", 0.1), ("100", "ms", 0.1)])
+def test_durations(text, bare, seconds):
+    assert simulate.parse_duration(text, bare) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "fast", "-1s", "0ms"])
+def test_bad_durations(text):
+    with pytest.raises(ValueError):
+        simulate.parse_duration(text, "s")
+
+
+def test_fleet_profiles():
+    h100, h200 = get_profile("llama3-8b-h100"), get_profile("llama3-8b-h200")
+    assert simulate.fleet_profiles([], None) == [h100] * 4
+    assert simulate.fleet_profiles(["llama3-8b-h200"], 3) == [h200] * 3
+    assert simulate.fleet_profiles(["llama3-8b-h100:2", "llama3-8b-h200:1"], None) == [h100, h100, h200]
+    for bad in (["llama3-8b-h100", "llama3-8b-h200"], ["llama3-8b-h100:2", "llama3-8b-h200"],
+                ["llama3-8b-h100:x"]):
+        with pytest.raises(ValueError):
+            simulate.fleet_profiles(bad, None)
+    with pytest.raises(ValueError, match="does not match"):
+        simulate.fleet_profiles(["llama3-8b-h100:2"], 3)
+
+
+def test_plot_without_matplotlib_says_what_to_install(monkeypatch):
+    from fleetsim import plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(plot.PlotUnavailableError, match=r"pip install 'tidegate\[plot\]'"):
+        plot.Plotter(Path("unused"))
+
+
+def test_plot_flag_without_matplotlib_exits_2(monkeypatch, tmp_path, capsys):
+    from tidegate.cli.main import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    rc = main(["simulate", "--requests", "5", "--plot", str(tmp_path / "plots"), "--log-level", "warning"])
+    assert rc == 2
+    assert "matplotlib" in capsys.readouterr().err
+    assert not (tmp_path / "plots").exists()
+
+
+def test_plot_writes_pngs(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tidegate.cli.main import main
+
+    rc = main(["simulate", "--requests", "40", "--rate", "4", "--replicas", "2", "--load", "0.3,0.6",
+               "--policy", "tidegate,random", "--plot", str(tmp_path), "--log-level", "warning"])
+    assert rc == 0
+    names = {p.name for p in tmp_path.glob("*.png")}
+    assert {"attainment_vs_load.png", "ttft_cdf_load0.3.png", "ttft_cdf_load0.6.png",
+            "replica_load_tidegate_load0.3.png", "replica_load_random_load0.6.png"} <= names

@@ -1,0 +1,135 @@
+"""Workloads of the fleet simulator: synthetic generation, trace formats, scaling."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from fleetsim import workload
+from fleetsim.workload import SimRequest, SyntheticSpec
+from tidegate.fleet.traces import TraceError
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
+
+
+def test_synthetic_is_deterministic_per_seed():
+    spec = SyntheticSpec(requests=200)
+    assert workload.synthetic(spec, 1) == workload.synthetic(spec, 1)
+    assert workload.synthetic(spec, 1) != workload.synthetic(spec, 2)
+
+
+def test_lengths_do_not_depend_on_the_rate():
+    a = workload.synthetic(SyntheticSpec(rate_rps=5, requests=100), 4)
+    b = workload.synthetic(SyntheticSpec(rate_rps=50, requests=100), 4)
+    assert [(r.prompt_tokens, r.output_tokens) for r in a] == [(r.prompt_tokens, r.output_tokens) for r in b]
+    assert b[-1].arrival_s == pytest.approx(a[-1].arrival_s / 10)
+
+
+@pytest.mark.parametrize("arrivals", ["poisson", "gamma"])
+def test_arrival_rate(arrivals):
+    reqs = workload.synthetic(SyntheticSpec(arrivals=arrivals, rate_rps=20, requests=20000), 0)
+    assert reqs[0].arrival_s == 0.0
+    assert all(a.arrival_s <= b.arrival_s for a, b in zip(reqs, reqs[1:], strict=False))
+    assert workload.native_rate(reqs) == pytest.approx(20, rel=0.06)
+
+
+def test_gamma_is_burstier_than_poisson():
+    def cv2(arrivals: str) -> float:
+        gaps = workload.unit_gaps(SyntheticSpec(arrivals=arrivals, requests=20000, burstiness=4.0), 0)
+        return statistics.pvariance(gaps) / statistics.fmean(gaps) ** 2
+
+    assert cv2("poisson") == pytest.approx(1.0, rel=0.1)
+    assert cv2("gamma") == pytest.approx(4.0, rel=0.15)
+
+
+@pytest.mark.parametrize("lengths", ["lognormal", "pareto"])
+def test_heavy_tailed_lengths(lengths):
+    spec = SyntheticSpec(lengths=lengths, requests=20000, prompt_mean=1000, output_mean=200, max_prompt=10**7,
+                         max_output=10**7)
+    reqs = workload.synthetic(spec, 0)
+    prompts = [r.prompt_tokens for r in reqs]
+    assert statistics.fmean(prompts) == pytest.approx(1000, rel=0.15)
+    assert statistics.median(prompts) < statistics.fmean(prompts)  # right-skewed
+    assert max(prompts) > 8 * statistics.fmean(prompts)             # a heavy tail
+    assert min(r.output_tokens for r in reqs) >= 1
+
+
+def test_lengths_are_capped():
+    reqs = workload.synthetic(SyntheticSpec(lengths="pareto", requests=5000, max_prompt=3000, max_output=50), 0)
+    assert max(r.prompt_tokens for r in reqs) <= 3000 and max(r.output_tokens for r in reqs) <= 50
+
+
+@pytest.mark.parametrize("bad", [dict(arrivals="uniform"), dict(lengths="normal"), dict(rate_rps=0),
+                                 dict(requests=0), dict(alpha=1.0)])
+def test_spec_validation(bad):
+    with pytest.raises(ValueError):
+        SyntheticSpec(**bad)
+
+
+def test_generic_jsonl(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(json.dumps(x) for x in [
+        {"arrival_s": 10.5, "prompt_tokens": 100, "output_tokens": 5, "prefix_hashes": [1, 2],
+         "priority": "interactive"},
+        {"arrival_s": 10.0, "prompt_tokens": 50, "output_tokens": 0},
+        {"arrival_s": 12.0, "prompt_tokens": 70, "output_tokens": 9, "priority": -1},
+    ]) + "\n")
+    reqs = workload.load(p)
+    got = [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in reqs]
+    assert got == [(0.0, 50, 1), (0.5, 100, 5), (2.0, 70, 9)]
+    assert reqs[1].prefix_hashes == (1, 2) and reqs[1].klass == "interactive" and reqs[1].priority == 0
+    assert reqs[2].klass == "-1" and reqs[2].priority == -1
+    assert reqs[0].klass == "default"
+
+
+def test_generic_csv(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,prompt_tokens,output_tokens,prefix_hashes,priority\n1.0,10,2,7 8 9,batch\n0.5,20,3,,\n")
+    reqs = workload.load(p)
+    assert [(r.arrival_s, r.prompt_tokens, r.prefix_hashes, r.klass) for r in reqs] == [
+        (0.0, 20, (), "default"), (0.5, 10, (7, 8, 9), "batch")]
+
+
+@pytest.mark.parametrize("body", ["arrival_s,prompt_tokens,output_tokens\nx,1,1\n",
+                                  "arrival_s,prompt_tokens,output_tokens\n1,0,1\n",
+                                  "arrival_s,prompt_tokens\n1,5\n",
+                                  "arrival_s,prompt_tokens,output_tokens\n"])
+def test_generic_errors_name_the_file(tmp_path, body):
+    p = tmp_path / "bad.csv"
+    p.write_text(body)
+    with pytest.raises(TraceError, match="bad.csv"):
+        workload.load(p)
+
+
+def test_azure_and_mooncake_formats(tmp_path):
+    az = tmp_path / "az.csv"
+    az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+                  "2023-11-16 18:15:47.1805900,396,109\n")
+    reqs = workload.load(az)
+    got = [(round(r.arrival_s, 3), r.prompt_tokens, r.output_tokens) for r in reqs]
+    assert got == [(0.0, 374, 44), (0.5, 396, 109)]
+    mc = tmp_path / "mc.jsonl"
+    mc.write_text('{"timestamp": 1000, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]}\n'
+                  '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [0, 2]}\n')
+    reqs = workload.load(mc)
+    assert [(r.arrival_s, r.prefix_hashes, r.hash_block_tokens) for r in reqs] == [(0.0, (0, 2), 512),
+                                                                                  (1.0, (0, 1), 512)]
+
+
+def test_scale_and_cut():
+    reqs = [SimRequest(i, float(i), 10, 1) for i in range(10)]
+    fast = workload.scale_arrivals(reqs, 2.0)
+    assert [r.arrival_s for r in fast] == [i / 2 for i in range(10)]
+    assert len(workload.cut(fast, 2.0)) == 4
+    assert workload.cut(fast, None) == fast
+    with pytest.raises(ValueError):
+        workload.scale_arrivals(reqs, 0)
+
+
+@pytest.mark.skipif(not (SHARED / "AzureLLMInferenceTrace_conv.csv").exists(), reason="shared traces absent")
+def test_real_azure_trace_loads():
+    reqs = workload.load(SHARED / "AzureLLMInferenceTrace_conv.csv")
+    assert len(reqs) == 19366 and reqs[0].arrival_s == 0.0

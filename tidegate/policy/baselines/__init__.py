@@ -1,0 +1,29 @@
+"""Built-in routing policies of the registry (tidegate.policy.registry): Tidegate's own and the
+baselines. One module per policy; formulas and sources in README.md."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tidegate.policy.baselines.least_kv import LeastKv
+from tidegate.policy.baselines.least_request import LeastRequest
+from tidegate.policy.baselines.llmd import LlmdEndpointPicker
+from tidegate.policy.baselines.oracle import Oracle
+from tidegate.policy.baselines.round_robin import RoundRobin
+from tidegate.policy.baselines.sglang_cache_aware import SglangCacheAware
+from tidegate.policy.baselines.tidegate_pick import TidegatePick
+from tidegate.policy.baselines.uniform_random import UniformRandom
+
+BUILTIN: dict[str, Callable[[], object]] = {
+    "tidegate": TidegatePick,
+    "round_robin": RoundRobin,
+    "random": UniformRandom,
+    "least_request": LeastRequest,
+    "least_kv": LeastKv,
+    "llmd": LlmdEndpointPicker,
+    "sglang_cache_aware": SglangCacheAware,
+    "oracle": Oracle,
+}
+
+__all__ = ["BUILTIN", "LeastKv", "LeastRequest", "LlmdEndpointPicker", "Oracle", "RoundRobin",
+           "SglangCacheAware", "TidegatePick", "UniformRandom"]

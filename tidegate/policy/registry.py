@@ -1,0 +1,142 @@
+"""Routing policies by name: Tidegate's own and the baselines it is measured against.
+
+A policy is an object with one pure method over a snapshot,
+
+    pick(snapshot: PoolSnapshot, request: RequestFeatures, rng: random.Random) -> Pick | None
+
+and optional router-local hooks the router calls after a pick and when a request ends:
+
+    on_dispatch(request, replica_id)      # after the request was sent to replica_id
+    on_first_token(request, replica_id)   # its first token came back (oracle only)
+    on_complete(request, replica_id)      # it finished, failed or was cancelled
+
+State that a policy keeps between requests (round-robin cursor, prefix trees) lives in the
+policy object, so one router = one policy instance; there are no globals, no I/O, no clock.
+`create(name)` returns a fresh instance; an unknown name raises `UnknownPolicyError` listing
+the valid names. Each policy only ever picks a *candidate*: an entry with a finite weight > 0
+(the control plane's "routable") whose id is not in `snapshot.exclude`; baselines use the
+weight only as that eligibility filter. Formulas and sources: baselines/README.md.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from tidegate.policy.pick import Pick, routable
+
+
+class UnknownPolicyError(ValueError):
+    """The policy name is not registered; the message lists the valid ones."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteInfo:
+    """One routing-table entry as the router sees it (the fields of tidegate.v1.RouteEntry it reads)."""
+
+    replica_id: str
+    weight: float
+    state: int = 0
+    kv_free_tokens: int = 0
+    kv_capacity_tokens: int = 0
+    running: int = 0
+    waiting: int = 0
+    endpoint: str = ""
+
+    @property
+    def kv_usage(self) -> float:
+        """Used KV fraction from the table; 0 when the capacity is unknown."""
+        if self.kv_capacity_tokens <= 0:
+            return 0.0
+        return min(1.0, max(0.0, 1.0 - self.kv_free_tokens / self.kv_capacity_tokens))
+
+
+@dataclass(frozen=True, slots=True)
+class LiveLoad:
+    """Exact engine state at the instant of the pick. Only a simulator can fill it; only the
+    clairvoyant `oracle` reads it."""
+
+    running: int
+    waiting: int
+    kv_free_tokens: int
+    kv_capacity_tokens: int
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    entries: tuple[RouteInfo, ...]
+    inflight: Mapping[str, int] = field(default_factory=dict)  # this router's own in-flight per replica
+    exclude: frozenset[str] = frozenset()                        # replicas already tried for this request
+    live: Mapping[str, LiveLoad] | None = None                   # oracle only
+
+    def candidates(self) -> list[RouteInfo]:
+        """Routable, not excluded, in replica-id order (so a seeded RNG gives reproducible picks)."""
+        return sorted((e for e in self.entries if routable(e.weight) and e.replica_id not in self.exclude),
+                      key=lambda e: e.replica_id)
+
+    def load(self, replica_id: str) -> int:
+        return max(0, int(self.inflight.get(replica_id, 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    prompt_tokens: int
+    max_tokens: int | None = None
+    prefix_hashes: tuple = ()            # one id per prefix block; equal ids = same prefix
+    priority: int = 0                    # higher is more important; < 0 is sheddable (GIE convention)
+    req_id: str = ""
+    true_output_tokens: int | None = None  # clairvoyant: only the oracle may read it
+
+
+@runtime_checkable
+class Policy(Protocol):
+    name: str
+
+    def pick(self, snapshot: PoolSnapshot, request: RequestFeatures, rng: random.Random) -> Pick | None: ...
+
+
+def make_pick(entry: RouteInfo, reason: str, score: float, candidates: int) -> Pick:
+    return Pick(entry.replica_id, entry.endpoint, reason, score, candidates)
+
+
+def notify(policy: object, hook: str, request: RequestFeatures, replica_id: str) -> None:
+    """Call an optional hook (on_dispatch / on_first_token / on_complete) when the policy has it."""
+    fn = getattr(policy, hook, None)
+    if fn is not None:
+        fn(request, replica_id)
+
+
+_FACTORIES: dict[str, Callable[[], Policy]] = {}
+
+
+def register(name: str, factory: Callable[[], Policy]) -> None:
+    if name in _FACTORIES:
+        raise ValueError(f"policy {name!r} is already registered")
+    _FACTORIES[name] = factory
+
+
+def names() -> list[str]:
+    _load_builtins()
+    return sorted(_FACTORIES)
+
+
+def create(name: str) -> Policy:
+    """A fresh instance of the named policy (its own router-local state)."""
+    _load_builtins()
+    try:
+        factory = _FACTORIES[name]
+    except KeyError:
+        raise UnknownPolicyError(f"unknown policy {name!r}; valid policies: {', '.join(sorted(_FACTORIES))}") from None
+    return factory()
+
+
+def _load_builtins() -> None:
+    if _FACTORIES:
+        return
+    # Imported here, not at module import, so the baselines can import this module's types.
+    from tidegate.policy.baselines import BUILTIN
+
+    for n, f in BUILTIN.items():
+        register(n, f)
