@@ -15,7 +15,7 @@ import time
 
 import structlog
 from aiohttp import web
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from router.app import MIB, build_app, make_session
 from router.budget import RetryBudget
@@ -27,6 +27,7 @@ from router.tables import RoutingTables
 from tidegate import keys, logs
 from tidegate.config import ConfigBase, ConfigError, EtcdFields, add_flags, load
 from tidegate.errors import StoreError
+from tidegate.policy import registry
 from tidegate.store.api import Store
 from tidegate.store.etcd import EtcdStore
 from tidegate.store.lease import LeaseKeeper
@@ -53,6 +54,16 @@ class RouterConfig(ConfigBase, EtcdFields):
     max_connections: int = Field(10_000, gt=0, description="Most open connections to engines, in total.")
     shutdown_grace_s: float = Field(5.0, ge=0, description="On SIGTERM, how long in-flight requests may finish.")
     seed: int | None = Field(None, description="Seed of the replica picker's RNG (reproducible runs).")
+    policy: str = Field("tidegate", description="Routing policy, by name: tidegate (weights from the control plane "
+                                                "and this router's in-flight counts) or a baseline "
+                                                "(see tidegate/policy/baselines/README.md).")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        if v not in registry.names():
+            raise ValueError(f"unknown policy {v!r}; valid policies: {', '.join(registry.names())}")
+        return v
 
 
 CONFIG_CLASS = RouterConfig
@@ -112,7 +123,8 @@ async def serve(cfg: RouterConfig) -> int:
     budget = RetryBudget(time.monotonic, ratio=cfg.retry_budget_ratio)
     session = make_session(cfg.connect_timeout_s, limit=cfg.max_connections)
     proxy = Proxy(tables, session, inflight, budget, metrics, random.Random(cfg.seed),
-                  ProxySettings(max_retries=cfg.max_retries, first_byte_timeout_s=cfg.first_byte_timeout_s))
+                  ProxySettings(max_retries=cfg.max_retries, first_byte_timeout_s=cfg.first_byte_timeout_s,
+                                policy=cfg.policy))
     app = build_app(proxy, tables, metrics, router_id, cfg.max_body_bytes)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=cfg.shutdown_grace_s,
                            access_log=None)

@@ -5,6 +5,7 @@ Raises `tidegate.errors.RequestError` with `param` set; the edge maps it to a 40
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -20,6 +21,41 @@ class BadRequest(RequestError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+# One prefix block = 16 tokens under the simulator's rule of 4 UTF-8 bytes per token, i.e. the
+# engine's KV block size; cache-aware policies compare these ids across requests.
+PREFIX_BLOCK_BYTES = 64
+MAX_PREFIX_BLOCKS = 256
+
+
+def prefix_hashes(text: str) -> tuple[int, ...]:
+    """Chained hashes of the full 64-byte blocks of `text` (block i's id covers blocks 0..i),
+    so equal ids mean an equal prefix up to that block. Bounded to MAX_PREFIX_BLOCKS."""
+    data = text.encode("utf-8", errors="replace")
+    out = []
+    h = hashlib.blake2b(digest_size=8)
+    for i in range(min(len(data) // PREFIX_BLOCK_BYTES, MAX_PREFIX_BLOCKS)):
+        h.update(data[i * PREFIX_BLOCK_BYTES:(i + 1) * PREFIX_BLOCK_BYTES])
+        out.append(int.from_bytes(h.copy().digest(), "big") >> 1)
+    return tuple(out)
+
+
+def _prompt_text(payload: dict[str, Any], chat: bool) -> str:
+    if chat:
+        parts = []
+        for m in payload.get("messages", []):
+            content = m.get("content")
+            if isinstance(content, list):
+                content = "".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
+            parts.append(f"{m.get('role', '')}:{content if isinstance(content, str) else ''}\n")
+        return "".join(parts)
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(x, str) for x in prompt):
+        return "".join(prompt)
+    return ""
 
 
 def parse_request(path: str, body: bytes) -> tuple[dict[str, Any], RequestFeatures]:
@@ -56,7 +92,8 @@ def parse_request(path: str, body: bytes) -> tuple[dict[str, Any], RequestFeatur
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
         max_tokens = None
     return payload, RequestFeatures(
-        model=model, prompt_tokens=prompt_tokens, max_tokens=max_tokens, stream=payload.get("stream") is True
+        model=model, prompt_tokens=prompt_tokens, max_tokens=max_tokens, stream=payload.get("stream") is True,
+        prefix_hashes=prefix_hashes(_prompt_text(payload, path == CHAT_PATH)),
     )
 
 

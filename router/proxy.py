@@ -35,7 +35,8 @@ from router.inflight import InflightCounter
 from router.metrics import RouterMetrics
 from router.parse import BadRequest, error_body, parse_request
 from router.tables import PoolTable, RoutingTables
-from tidegate.policy.pick import Pick, RequestFeatures, pick
+from tidegate.policy import registry
+from tidegate.policy.pick import RequestFeatures
 
 log = structlog.get_logger(__name__)
 
@@ -58,6 +59,7 @@ _STATUS = web.RequestKey("tidegate_status", str)  # metric status when it differ
 class ProxySettings:
     max_retries: int = 2
     first_byte_timeout_s: float = 60.0
+    policy: str = "tidegate"        # a name in tidegate.policy.registry
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,14 @@ class Proxy:
         self._rng = rng
         self._settings = settings
         self._clock = clock
+        # One policy instance per pool: router-local state (cursors, prefix trees) is per pool.
+        self._policies: dict[str, registry.Policy] = {}
+
+    def _policy(self, pool: str) -> registry.Policy:
+        policy = self._policies.get(pool)
+        if policy is None:
+            policy = self._policies[pool] = registry.create(self._settings.policy)
+        return policy
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         t0 = self._clock()
@@ -157,8 +167,12 @@ class Proxy:
                      t0: float) -> web.StreamResponse:
         tried: list[str] = []
         failure: _Failure | None = None
+        policy = self._policy(table.pool)
+        req = registry.RequestFeatures(prompt_tokens=features.prompt_tokens, max_tokens=features.max_tokens,
+                                       prefix_hashes=features.prefix_hashes)
         while True:
-            choice = pick(table.entries, self._inflight.snapshot(), features, self._rng, frozenset(tried))
+            snapshot = registry.PoolSnapshot(table.entries, self._inflight.snapshot(), frozenset(tried))
+            choice = policy.pick(snapshot, req, self._rng)
             if choice is None:
                 break
             if failure is not None:  # this would be a retry
@@ -171,10 +185,12 @@ class Proxy:
                 self._metrics.retries.labels(table.pool, failure.kind).inc()
             tried.append(choice.replica_id)
             self._inflight.acquire(choice.replica_id)
+            registry.notify(policy, "on_dispatch", req, choice.replica_id)
             try:
                 result = await self._attempt(request, body, table, choice, features, t0)
             finally:
                 self._inflight.release(choice.replica_id)
+                registry.notify(policy, "on_complete", req, choice.replica_id)
             if isinstance(result, web.StreamResponse):
                 return result
             failure = result
@@ -191,7 +207,7 @@ class Proxy:
             return json_error(504, failure.message, "upstream_timeout", code="first_byte_timeout")
         return json_error(502, failure.message, "upstream_error", code=f"upstream_{failure.kind}")
 
-    async def _attempt(self, request: web.Request, body: bytes, table: PoolTable, choice: Pick,
+    async def _attempt(self, request: web.Request, body: bytes, table: PoolTable, choice: registry.Pick,
                        features: RequestFeatures, t0: float) -> web.StreamResponse | _Failure:
         url = choice.endpoint + request.rel_url.path_qs
         headers = forward_request_headers(request.headers)
@@ -227,7 +243,7 @@ class Proxy:
                     upstream.close()
 
     async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
-                      table: PoolTable, choice: Pick, features: RequestFeatures,
+                      table: PoolTable, choice: registry.Pick, features: RequestFeatures,
                       t0: float) -> web.StreamResponse:
         out = web.StreamResponse(status=upstream.status, reason=upstream.reason,
                                  headers=forward_response_headers(upstream.headers))

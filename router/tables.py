@@ -15,7 +15,7 @@ from types import MappingProxyType
 import structlog
 
 from tidegate import codec, keys
-from tidegate.policy.pick import Candidate
+from tidegate.policy.registry import RouteInfo
 from tidegate.store.api import KeyValue
 from tidegate.v1.records_pb2 import RoutingTable
 
@@ -28,7 +28,7 @@ class PoolTable:
     generation: int
     mod_revision: int
     computed_at_s: float | None      # unix seconds, None when the leader did not set it
-    entries: tuple[Candidate, ...]
+    entries: tuple[RouteInfo, ...]
 
     @property
     def has_replicas(self) -> bool:
@@ -40,13 +40,13 @@ def to_pool_table(pool: str, kv: KeyValue) -> PoolTable:
     msg = codec.decode(kv.value, RoutingTable)
     computed = msg.computed_at.ToMicroseconds() / 1e6 if msg.HasField("computed_at") else None
     entries = tuple(
-        Candidate(
+        RouteInfo(
             replica_id=r.replica_id,
             endpoint=r.endpoint.rstrip("/"),
             weight=r.weight,
             state=r.state,
-            region=r.region,
             kv_free_tokens=r.kv_free_tokens,
+            kv_capacity_tokens=r.kv_capacity_tokens,
             running=r.running,
             waiting=r.waiting,
         )

@@ -75,6 +75,7 @@ class RequestFeatures:
     prompt_tokens: int = 0          # estimated at the router
     max_tokens: int | None = None
     stream: bool = False
+    prefix_hashes: tuple[int, ...] = ()   # router's estimate of the prompt's prefix blocks
 
 
 @dataclass(frozen=True, slots=True)
