@@ -1,29 +1,52 @@
 """The admin API (`tidegate.v1.Admin`) served by every control-plane instance.
 
-Reads come from this instance's FleetState. Cordon/Uncordon write/delete the ReplicaIntent in
-etcd (any instance may; the leader's decision loop reads intents through a WatchCache).
-Drain, DrainStatus and ListEvents are not implemented yet (UNIMPLEMENTED).
+Every call is authenticated (controlplane/auth.py): viewers read, operators also change.
+Only the leader ingests telemetry, so fleet-dependent calls (list, describe, pools, intents,
+drain status) made to a standby are forwarded to the leader (address from its LeaderRecord)
+with the caller's own metadata. Events and budgets live in etcd and are served anywhere.
+
+Intents (cordon, drain) are ReplicaIntent records in etcd. On the leader an intent change
+is applied to the fleet and the affected tables are published before the RPC returns, so
+routers stop sending new requests within their watch latency (well under 1 s). Cordon and
+drain check disruption budgets (tidegate/policy/budgets.py) unless forced.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 import grpc.aio
+import structlog
 from google.protobuf import timestamp_pb2
+from google.protobuf.message import Message
 
+from controlplane.auth import OPERATOR, VIEWER, Authenticator, Principal
+from controlplane.events import EventLog
 from controlplane.fleet import FleetState
+from controlplane.pools import pool_summaries
 from controlplane.publisher import TablePublisher
 from tidegate import codec, keys
 from tidegate.errors import StoreError
-from tidegate.policy.weights import ReplicaView, decide
+from tidegate.policy import budgets as budget_policy
+from tidegate.policy.weights import ROUTABLE_STATES, ReplicaView, decide
 from tidegate.store.api import Store
 from tidegate.v1 import admin_pb2, admin_pb2_grpc, records_pb2
 
+log = structlog.get_logger(__name__)
+
 RS = records_pb2.ReplicaState
-ACTOR_METADATA = "x-tidegate-actor"
+FORWARDED = "x-tidegate-forwarded"
+SELECTOR_LABELS = ("pool", "region", "zone")
+
+# (replica_id, intent or None for deleted, etcd revision of the write)
+ApplyIntent = Callable[[str, records_pb2.ReplicaIntent | None, int], Awaitable[None]]
+
+
+async def _noop_apply(rid: str, intent: records_pb2.ReplicaIntent | None, rev: int) -> None:
+    return None
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
@@ -35,6 +58,11 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         controlplane_id: str,
         is_leader: Callable[[], bool],
         *,
+        auth: Authenticator,
+        events: EventLog,
+        apply_intent: ApplyIntent = _noop_apply,
+        slo_ttft_ms: float = 0.0,
+        slo_itl_ms: float = 0.0,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._fleet = fleet
@@ -42,7 +70,46 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self._publisher = publisher
         self._id = controlplane_id
         self._is_leader = is_leader
+        self._auth = auth
+        self._events = events
+        self._apply = apply_intent
+        self._slo = (slo_ttft_ms, slo_itl_ms)
         self._wall = wall_clock
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()
+
+    # ------------------------------------------------------------ forwarding
+
+    async def _forward(self, method: str, request: Message, response_cls: type[Any],
+                       context: grpc.aio.ServicerContext) -> Any:
+        """Calls the same method on the leader with the caller's metadata."""
+        md = tuple(context.invocation_metadata() or ())
+        if any(k == FORWARDED for k, _ in md):
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"control plane {self._id} is not the leader (forwarded call)")
+        try:
+            listing = await self._store.list_prefix(keys.ELECTION)
+            leader = (codec.decode(listing.items[0].value, records_pb2.LeaderRecord)
+                      if listing.items else None)
+        except (StoreError, codec.DecodeError) as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot find the leader: {e}")
+        if leader is None or not leader.admin_address or leader.controlplane_id == self._id:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no control-plane leader right now; retry")
+        ch = self._channels.get(leader.admin_address)
+        if ch is None:
+            ch = self._channels[leader.admin_address] = grpc.aio.insecure_channel(leader.admin_address)
+        call = ch.unary_unary(f"/tidegate.v1.Admin/{method}", request_serializer=lambda m: m.SerializeToString(),
+                              response_deserializer=response_cls.FromString)
+        try:
+            return await call(request, metadata=(*[(k, v) for k, v in md if not k.startswith(":")
+                                                   and k not in ("user-agent",)], (FORWARDED, self._id)),
+                              timeout=30)
+        except grpc.aio.AioRpcError as e:
+            await context.abort(e.code(), e.details() or "")
 
     # ------------------------------------------------------------ reads
 
@@ -66,6 +133,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     async def ListReplicas(self, request: admin_pb2.ListReplicasRequest,  # noqa: N802
                            context: grpc.aio.ServicerContext) -> admin_pb2.ListReplicasResponse:
+        await self._auth.require(context, VIEWER)
+        if not self._is_leader():
+            return await self._forward("ListReplicas", request, admin_pb2.ListReplicasResponse, context)
         out = []
         for view in self._fleet.views():
             if request.pool and view.pool != request.pool:
@@ -76,38 +146,73 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             if request.state and s.state != request.state:
                 continue
             out.append(s)
-        return admin_pb2.ListReplicasResponse(replicas=out, controlplane_id=self._id, leader=self._is_leader())
+        return admin_pb2.ListReplicasResponse(replicas=out, controlplane_id=self._id, leader=True)
 
     async def DescribeReplica(self, request: admin_pb2.DescribeReplicaRequest,  # noqa: N802
                               context: grpc.aio.ServicerContext) -> admin_pb2.ReplicaDetail:
+        await self._auth.require(context, VIEWER)
+        if not self._is_leader():
+            return await self._forward("DescribeReplica", request, admin_pb2.ReplicaDetail, context)
         view = self._fleet.view(request.replica_id)
         rec = self._fleet.get(request.replica_id)
         if view is None or rec is None:
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"replica {request.replica_id!r} is not known to control plane {self._id}")
         summary = self._summary(view)
-        detail = admin_pb2.ReplicaDetail(summary=summary, hello=rec.hello,
-                                         reasons=[r for r in summary.reason.split("; ") if r])
-        if rec.report is not None:
-            detail.last_report.CopyFrom(rec.report)
+        reasons = [f"state {_state_name(summary.state)}, weight {summary.weight:g}"]
+        reasons += [r for r in summary.reason.split("; ") if r]
         intent = self._fleet.intent(request.replica_id)
         if intent is not None:
+            what = "draining" if intent.draining else "cordoned"
+            reasons.append(f"intent: {what} by {intent.actor or 'unknown'}"
+                           + (f" ({intent.reason})" if intent.reason else ""))
+        fault = rec.fault
+        if fault.cause and not fault.ejected:
+            reasons.append(f"last ejection: {fault.cause} (re-admitted)")
+        if fault.ejections:
+            reasons.append(f"ejections in a row: {fault.ejections}")
+        if view.router_inflight:
+            reasons.append(f"{view.router_inflight} requests in flight at routers")
+        detail = admin_pb2.ReplicaDetail(summary=summary, hello=rec.hello, reasons=reasons)
+        if rec.report is not None:
+            detail.last_report.CopyFrom(rec.report)
+        if intent is not None:
             detail.intent.CopyFrom(intent)
+        try:
+            detail.events.extend(await self._events.list(request.replica_id, limit=20))
+        except StoreError as e:
+            detail.reasons.append(f"events unavailable: {e}")
         return detail
 
     async def ListPools(self, request: admin_pb2.ListPoolsRequest,  # noqa: N802
                         context: grpc.aio.ServicerContext) -> admin_pb2.ListPoolsResponse:
-        pools: dict[str, admin_pb2.PoolSummary] = {}
-        for view in self._fleet.views():
-            p = pools.get(view.pool)
-            if p is None:
-                p = pools[view.pool] = admin_pb2.PoolSummary(
-                    pool=view.pool, generation=self._publisher.generation(view.pool))
-            d = decide(view, self._fleet.policy)
-            name = RS.Name(d.state).removeprefix("REPLICA_STATE_").lower()
-            p.replicas_by_state[name] = p.replicas_by_state[name] + 1
-            p.total_weight += d.weight
-        return admin_pb2.ListPoolsResponse(pools=[pools[k] for k in sorted(pools)])
+        await self._auth.require(context, VIEWER)
+        if not self._is_leader():
+            return await self._forward("ListPools", request, admin_pb2.ListPoolsResponse, context)
+        budgets = await self._budgets(context)
+        pools = pool_summaries(self._fleet, budgets, self._publisher.generation,
+                               slo_ttft_ms=self._slo[0], slo_itl_ms=self._slo[1])
+        return admin_pb2.ListPoolsResponse(pools=pools)
+
+    async def DrainStatus(self, request: admin_pb2.DrainStatusRequest,  # noqa: N802
+                          context: grpc.aio.ServicerContext) -> admin_pb2.DrainStatusResponse:
+        await self._auth.require(context, VIEWER)
+        if not self._is_leader():
+            return await self._forward("DrainStatus", request, admin_pb2.DrainStatusResponse, context)
+        out = []
+        for rid in request.replica_ids:
+            p = admin_pb2.DrainProgress(replica_id=rid)
+            intent = self._fleet.intent(rid)
+            if intent is not None and intent.HasField("drain_deadline"):
+                p.deadline.CopyFrom(intent.drain_deadline)
+            view = self._fleet.view(rid)
+            if view is not None:
+                d = decide(view, self._fleet.policy)
+                p.state, p.running, p.waiting = d.state, view.running, view.waiting
+                p.router_inflight = view.router_inflight
+                p.done = bool(view.draining and d.state == RS.REPLICA_STATE_DRAINED)
+            out.append(p)
+        return admin_pb2.DrainStatusResponse(replicas=out)
 
     # ------------------------------------------------------------ intents
 
@@ -120,55 +225,203 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                     ids.add(view.replica_id)
         return sorted(ids)
 
-    async def _change_intent(self, selector: admin_pb2.Selector, cordon: bool, reason: str,
-                             dry_run: bool, context: grpc.aio.ServicerContext) -> admin_pb2.IntentResponse:
+    async def _budgets(self, context: grpc.aio.ServicerContext) -> dict[str, records_pb2.DisruptionBudget]:
+        try:
+            listing = await self._store.list_prefix(keys.BUDGETS)
+        except StoreError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
+        out = {}
+        for kv in listing.items:
+            try:
+                b = codec.decode(kv.value, records_pb2.DisruptionBudget)
+            except codec.DecodeError:
+                log.warning("budget_undecodable", key=kv.key)
+                continue
+            out[b.scope or keys.leaf(keys.BUDGETS, kv.key)] = b
+        return out
+
+    def _members(self) -> list[budget_policy.Member]:
+        return [budget_policy.Member(v.replica_id, v.pool, v.region,
+                                     decide(v, self._fleet.policy).state in ROUTABLE_STATES)
+                for v in self._fleet.views()]
+
+    async def _change_intent(self, verb: str, request: Any, context: grpc.aio.ServicerContext,
+                             principal: Principal) -> admin_pb2.IntentResponse:
+        selector = request.selector
         if not selector.replica_ids and not selector.labels:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "empty selector: name replica ids or labels (pool, region, zone)")
-        bad = set(selector.labels) - {"pool", "region", "zone"}
+        bad = set(selector.labels) - set(SELECTOR_LABELS)
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"unknown selector labels {sorted(bad)}; valid: pool, region, zone")
-        actor = dict(context.invocation_metadata() or ()).get(ACTOR_METADATA, "sre:unknown")
-        verb = "cordon" if cordon else "uncordon"
+        if verb == "drain" and (request.timeout_s < 0 or request.grace_period_s < 0):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "timeout_s and grace_period_s must be >= 0")
+        force = bool(getattr(request, "force", False))
+        budgets = {} if verb == "uncordon" or force else await self._budgets(context)
+        members = self._members() if budgets else []
+        taking_out: set[str] = set()
         results = []
         try:
             for rid in self._select(selector):
                 kv = await self._store.get(keys.intent(rid))
                 current = codec.decode(kv.value, records_pb2.ReplicaIntent) if kv else None
-                is_cordoned = bool(current and (current.cordoned or current.draining))
-                if cordon == is_cordoned:
-                    results.append(admin_pb2.IntentResult(replica_id=rid, changed=False,
-                                                          message=f"already {verb}ed"))
+                out_now = bool(current and (current.cordoned or current.draining))
+                if verb == "uncordon" and not out_now:
+                    results.append(admin_pb2.IntentResult(replica_id=rid, message="already uncordoned"))
                     continue
-                if self._fleet.get(rid) is None and cordon:
+                if verb == "cordon" and out_now:
+                    results.append(admin_pb2.IntentResult(replica_id=rid, message="already cordoned"))
+                    continue
+                if verb == "drain" and current is not None and current.draining:
+                    results.append(admin_pb2.IntentResult(replica_id=rid, message="already draining"))
+                    continue
+                if verb != "uncordon" and self._fleet.get(rid) is None:
                     results.append(admin_pb2.IntentResult(
-                        replica_id=rid, changed=False, message="unknown replica (not connected here)"))
+                        replica_id=rid, message="unknown replica (no telemetry from it)"))
                     continue
-                if dry_run:
+                if budgets and not out_now:
+                    broken = budget_policy.violations(budgets.values(), members, taking_out | {rid})
+                    if broken:
+                        results.append(admin_pb2.IntentResult(
+                            replica_id=rid, refused=True,
+                            message="refused: " + "; ".join(broken) + " (use --force to override)"))
+                        continue
+                taking_out.add(rid)
+                done = {"cordon": "cordoned", "uncordon": "uncordoned", "drain": "draining"}[verb]
+                if request.dry_run:
                     results.append(admin_pb2.IntentResult(replica_id=rid, changed=True,
-                                                          message=f"would {verb} (dry run)"))
+                                                          message=f"would be {done} (dry run)"))
                     continue
-                if cordon:
-                    ts = timestamp_pb2.Timestamp()
-                    ts.FromNanoseconds(int(self._wall() * 1e9))
-                    intent = records_pb2.ReplicaIntent(replica_id=rid, cordoned=True, reason=reason,
-                                                       actor=actor, created_at=ts)
-                    await self._store.put(keys.intent(rid), codec.encode(intent))
-                else:
+                intent = None
+                if verb == "uncordon":
                     # Uncordon also ends a drain, like `kubectl uncordon`.
                     await self._store.delete(keys.intent(rid))
-                results.append(admin_pb2.IntentResult(replica_id=rid, changed=True, message=f"{verb}ed"))
+                    rev = 0
+                else:
+                    intent = self._intent(rid, verb, request, principal)
+                    rev = await self._store.put(keys.intent(rid), codec.encode(intent))
+                await self._apply(rid, intent, rev)
+                view = self._fleet.view(rid)
+                await self._events.record(verb, rid, view.pool if view else "", principal.actor,
+                                          _event_reason(verb, request, force))
+                results.append(admin_pb2.IntentResult(replica_id=rid, changed=True, message=done))
         except StoreError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
         except codec.DecodeError as e:
             await context.abort(grpc.StatusCode.DATA_LOSS, str(e))
+        for r in results:
+            log.info("intent_result", verb=verb, replica_id=r.replica_id, changed=r.changed,
+                     refused=r.refused, message=r.message, actor=principal.actor)
         return admin_pb2.IntentResponse(results=results)
+
+    def _intent(self, rid: str, verb: str, request: Any, principal: Principal) -> records_pb2.ReplicaIntent:
+        now = self._wall()
+        intent = records_pb2.ReplicaIntent(replica_id=rid, cordoned=True, reason=request.reason,
+                                           actor=principal.actor, force=bool(request.force))
+        intent.created_at.CopyFrom(_timestamp(now))
+        if verb == "drain":
+            intent.draining = True
+            intent.grace_period_s = request.grace_period_s
+            if request.timeout_s > 0:
+                intent.drain_deadline.CopyFrom(_timestamp(now + request.timeout_s))
+        return intent
 
     async def Cordon(self, request: admin_pb2.CordonRequest,  # noqa: N802
                      context: grpc.aio.ServicerContext) -> admin_pb2.IntentResponse:
-        return await self._change_intent(request.selector, True, request.reason, request.dry_run, context)
+        who = await self._auth.require(context, OPERATOR)
+        if not self._is_leader():
+            return await self._forward("Cordon", request, admin_pb2.IntentResponse, context)
+        return await self._change_intent("cordon", request, context, who)
 
     async def Uncordon(self, request: admin_pb2.UncordonRequest,  # noqa: N802
                        context: grpc.aio.ServicerContext) -> admin_pb2.IntentResponse:
-        return await self._change_intent(request.selector, False, request.reason, request.dry_run, context)
+        who = await self._auth.require(context, OPERATOR)
+        if not self._is_leader():
+            return await self._forward("Uncordon", request, admin_pb2.IntentResponse, context)
+        return await self._change_intent("uncordon", request, context, who)
+
+    async def Drain(self, request: admin_pb2.DrainRequest,  # noqa: N802
+                    context: grpc.aio.ServicerContext) -> admin_pb2.IntentResponse:
+        who = await self._auth.require(context, OPERATOR)
+        if not self._is_leader():
+            return await self._forward("Drain", request, admin_pb2.IntentResponse, context)
+        return await self._change_intent("drain", request, context, who)
+
+    # ------------------------------------------------------------ events and budgets
+
+    async def ListEvents(self, request: admin_pb2.ListEventsRequest,  # noqa: N802
+                         context: grpc.aio.ServicerContext) -> admin_pb2.ListEventsResponse:
+        await self._auth.require(context, VIEWER)
+        try:
+            events = await self._events.list(request.replica_id, request.limit or 100)
+        except StoreError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
+        return admin_pb2.ListEventsResponse(events=events)
+
+    async def WatchEvents(self, request: admin_pb2.WatchEventsRequest,  # noqa: N802
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[records_pb2.Event]:
+        await self._auth.require(context, VIEWER)
+        q = self._events.subscribe()
+        try:
+            while True:
+                ev = await q.get()
+                if not request.replica_id or ev.replica_id == request.replica_id:
+                    yield ev
+        finally:
+            self._events.unsubscribe(q)
+
+    async def SetBudget(self, request: admin_pb2.SetBudgetRequest,  # noqa: N802
+                        context: grpc.aio.ServicerContext) -> admin_pb2.SetBudgetResponse:
+        who = await self._auth.require(context, OPERATOR)
+        b = records_pb2.DisruptionBudget()
+        b.CopyFrom(request.budget)
+        try:
+            if request.delete:
+                budget_policy.parse_scope(b.scope)
+            else:
+                budget_policy.validate(b)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"budget: {e}")
+        try:
+            if request.delete:
+                existed = await self._store.delete(keys.budget(b.scope))
+                msg = "deleted" if existed else "no such budget"
+                if existed:
+                    await self._events.record("budget_changed", actor=who.actor, reason=f"{b.scope} deleted")
+                return admin_pb2.SetBudgetResponse(budget=b, message=msg)
+            b.actor = who.actor
+            b.updated_at.CopyFrom(_timestamp(self._wall()))
+            await self._store.put(keys.budget(b.scope), codec.encode(b))
+        except StoreError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
+        what = (f"min_available={b.min_available}" if b.min_available else f"max_unavailable={b.max_unavailable}")
+        await self._events.record("budget_changed", actor=who.actor, reason=f"{b.scope} {what}")
+        return admin_pb2.SetBudgetResponse(budget=b, message="set")
+
+    async def ListBudgets(self, request: admin_pb2.ListBudgetsRequest,  # noqa: N802
+                          context: grpc.aio.ServicerContext) -> admin_pb2.ListBudgetsResponse:
+        await self._auth.require(context, VIEWER)
+        budgets = await self._budgets(context)
+        return admin_pb2.ListBudgetsResponse(budgets=[budgets[k] for k in sorted(budgets)])
+
+
+def _event_reason(verb: str, request: Any, force: bool) -> str:
+    parts = [request.reason] if request.reason else []
+    if verb == "drain":
+        parts.append(f"timeout {request.timeout_s:g}s" if request.timeout_s > 0 else "no timeout")
+        if request.grace_period_s:
+            parts.append(f"grace {request.grace_period_s:g}s")
+    if force and verb != "uncordon":
+        parts.append("forced (budgets not checked)")
+    return "; ".join(parts)
+
+
+def _state_name(state: int) -> str:
+    return RS.Name(state).removeprefix("REPLICA_STATE_").lower()
+
+
+def _timestamp(t: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(t * 1e9))
+    return ts

@@ -9,9 +9,11 @@ flagged, never trusted and never a crash.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from tidegate.policy import faults
 from tidegate.policy.weights import ReplicaDecision, ReplicaView, WeightPolicyConfig, decide
 from tidegate.v1 import records_pb2, telemetry_pb2
 
@@ -32,7 +34,16 @@ class CleanStats:
     preemptions_total: float = 0.0
     gpu_telemetry_available: bool = False
     gpu_faults: tuple[str, ...] = ()
+    xid_events: tuple[int, ...] = ()
+    ecc_uncorrected: int = 0
+    gpu_lost: bool = False
+    oom: bool = False
     flags: tuple[str, ...] = ()
+
+
+def _is_oom(text: str) -> bool:
+    t = text.lower()
+    return "out of memory" in t or "oom" in t.split() or "cuda oom" in t
 
 
 def sanitize(report: telemetry_pb2.Report) -> CleanStats:
@@ -77,13 +88,21 @@ def sanitize(report: telemetry_pb2.Report) -> CleanStats:
         elif free > capacity:
             flags.append(f"kv_free_tokens {free} > capacity {capacity}")
             free = capacity
-    faults: list[str] = []
+    gpu_faults: list[str] = []
+    xids: list[int] = []
+    ecc = 0
+    lost = False
+    oom = _is_oom(eng.error)
     if report.gpu_telemetry_available:
         for g in report.gpus:
             if g.lost:
-                faults.append(f"gpu {g.index} lost")
+                lost = True
+                gpu_faults.append(f"gpu {g.index} lost")
             if g.ecc_uncorrected_volatile > 0:
-                faults.append(f"gpu {g.index}: {g.ecc_uncorrected_volatile} uncorrectable ECC errors")
+                ecc += g.ecc_uncorrected_volatile
+                gpu_faults.append(f"gpu {g.index}: {g.ecc_uncorrected_volatile} uncorrectable ECC errors")
+            xids.extend(g.xid_events)
+            oom = oom or _is_oom(g.error)
     return CleanStats(
         healthy=eng.healthy,
         engine_error=eng.error,
@@ -96,7 +115,11 @@ def sanitize(report: telemetry_pb2.Report) -> CleanStats:
         itl_p95_ms=num("itl_p95_ms", eng.itl.p95_ms),
         preemptions_total=num("preemptions_total", eng.preemptions_total),
         gpu_telemetry_available=report.gpu_telemetry_available,
-        gpu_faults=tuple(faults),
+        gpu_faults=tuple(gpu_faults),
+        xid_events=tuple(xids),
+        ecc_uncorrected=ecc,
+        gpu_lost=lost,
+        oom=oom,
         flags=tuple(flags),
     )
 
@@ -110,14 +133,34 @@ class ReplicaRecord:
     stats: CleanStats = field(default_factory=CleanStats)
     preemptions_per_s: float = 0.0
     streams: int = 0                   # open telemetry streams for this replica on this instance
+    fault: faults.FaultState = field(default_factory=faults.FaultState)
+
+
+@dataclass(frozen=True)
+class PendingEvent:
+    """A decision to record in the audit trail (the control plane writes it to etcd)."""
+
+    kind: str
+    replica_id: str
+    pool: str
+    reason: str
 
 
 class FleetState:
-    def __init__(self, policy: WeightPolicyConfig, now: Callable[[], float]) -> None:
+    """`now` is monotonic seconds (ages, fault timers); `wall` is unix seconds (drain deadlines,
+    which are timestamps in etcd)."""
+
+    def __init__(self, policy: WeightPolicyConfig, now: Callable[[], float], *,
+                 fault_policy: faults.FaultPolicyConfig | None = None,
+                 wall: Callable[[], float] = time.time) -> None:
         self.policy = policy
+        self.fault_policy = fault_policy or faults.FaultPolicyConfig()
         self._now = now
+        self._wall = wall
         self._replicas: dict[str, ReplicaRecord] = {}
         self._intents: dict[str, records_pb2.ReplicaIntent] = {}
+        self._router_inflight: dict[str, int] = {}
+        self._events: list[PendingEvent] = []
 
     # ------------------------------------------------------------ ingest
 
@@ -150,11 +193,23 @@ class FleetState:
             # A counter that went down means the engine restarted: no rate this time.
             rate = delta / (now - rec.report_at) if delta > 0 else 0.0
         rec.report, rec.report_at, rec.stats, rec.preemptions_per_s = report, now, stats, rate
+        signals = faults.FaultSignals(
+            healthy=stats.healthy, engine_error=stats.engine_error, xid_events=stats.xid_events,
+            ecc_uncorrected=stats.ecc_uncorrected, gpu_lost=stats.gpu_lost, oom=stats.oom,
+            preemptions_per_s=rate)
+        self._apply_fault(rec, faults.step(rec.fault, signals, now, self.fault_policy))
         return decide(self._view(rec, now), self.policy)
+
+    def _apply_fault(self, rec: ReplicaRecord, result: faults.FaultStep) -> None:
+        rec.fault = result.state
+        for ev in result.events:
+            self._events.append(PendingEvent(ev.kind, rec.hello.replica_id, rec.hello.pool, ev.reason))
 
     def stream_opened(self, replica_id: str) -> None:
         rec = self._replicas.get(replica_id)
         if rec is not None:
+            if rec.streams == 0:
+                self._apply_fault(rec, faults.reconnected(rec.fault, self._now()))
             rec.streams += 1
 
     def stream_closed(self, replica_id: str) -> None:
@@ -165,6 +220,18 @@ class FleetState:
 
     def set_intents(self, intents: Mapping[str, records_pb2.ReplicaIntent]) -> None:
         self._intents = dict(intents)
+
+    def set_router_inflight(self, inflight: Mapping[str, int]) -> None:
+        """Requests the routers hold per replica (sum over RouterPresence records)."""
+        self._router_inflight = dict(inflight)
+
+    def router_inflight(self, replica_id: str) -> int:
+        return self._router_inflight.get(replica_id, 0)
+
+    def take_events(self) -> list[PendingEvent]:
+        """Automatic decisions since the last call (eject, readmit)."""
+        out, self._events = self._events, []
+        return out
 
     # ------------------------------------------------------------ read
 
@@ -197,12 +264,24 @@ class FleetState:
     def _view(self, rec: ReplicaRecord, now: float) -> ReplicaView:
         h, s = rec.hello, rec.stats
         intent = self._intents.get(h.replica_id)
+        draining = bool(intent and intent.draining)
+        hold = expired = force = False
+        if intent is not None and draining:
+            wall = self._wall()
+            created = intent.created_at.ToNanoseconds() / 1e9 if intent.HasField("created_at") else 0.0
+            hold = intent.grace_period_s > 0 and wall < created + intent.grace_period_s
+            expired = intent.HasField("drain_deadline") and wall >= intent.drain_deadline.ToNanoseconds() / 1e9
+            force = intent.force
+        ejected, cut = faults.view_reasons(rec.fault, now)
         base = ReplicaView(
             replica_id=h.replica_id, pool=h.pool, endpoint=h.endpoint, region=h.region, zone=h.zone,
             has_report=rec.report is not None,
             report_age_s=max(0.0, now - _last_seen(rec)),
             cordoned=bool(intent and intent.cordoned),
-            draining=bool(intent and intent.draining),
+            draining=draining,
+            router_inflight=self._router_inflight.get(h.replica_id, 0),
+            drain_hold=hold, drain_expired=expired, drain_force=force,
+            ejected=ejected, cut=cut,
         )
         if rec.report is None:
             return base

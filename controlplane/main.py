@@ -24,6 +24,8 @@ from prometheus_client import start_http_server
 from pydantic import Field, field_validator
 
 from controlplane.admin import AdminService
+from controlplane.auth import Authenticator, load_tokens
+from controlplane.events import EventLog
 from controlplane.fleet import FleetState
 from controlplane.leader import Leadership
 from controlplane.metrics import Metrics
@@ -31,7 +33,8 @@ from controlplane.publisher import TablePublisher
 from controlplane.telemetry import TelemetryService
 from tidegate import codec, config, keys, logs
 from tidegate.errors import StoreError
-from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables
+from tidegate.policy.faults import FaultPolicyConfig
+from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables, decide
 from tidegate.store.election import Election
 from tidegate.store.etcd import EtcdStore
 from tidegate.store.lease import LeaseKeeper
@@ -41,6 +44,7 @@ from tidegate.v1 import admin_pb2_grpc, records_pb2, telemetry_pb2_grpc
 log = structlog.get_logger(__name__)
 
 SECTION = "controlplane"
+RS = records_pb2.ReplicaState
 
 
 class ControlPlaneConfig(config.ConfigBase, config.EtcdFields):
@@ -53,6 +57,21 @@ class ControlPlaneConfig(config.ConfigBase, config.EtcdFields):
     remove_after_s: float = Field(30.0, gt=0, description="A replica without a report for longer is forgotten.")
     election_ttl_s: int = Field(3, ge=1, description="Leader lease TTL, seconds (failover takes about this).")
     presence_ttl_s: int = Field(5, ge=1, description="TTL of the leased ReplicaPresence keys, seconds.")
+    auth_tokens_file: str = Field("", description="Admin API tokens: one 'token,name,role' line per token "
+                                  "(role viewer or operator, '#' comments). Without it every admin call is "
+                                  "UNAUTHENTICATED. Telemetry streams are not authenticated.")
+    slo_ttft_ms: float = Field(0.0, ge=0, description="TTFT target for pool SLO attainment (0 = unknown).")
+    slo_itl_ms: float = Field(0.0, ge=0, description="ITL target for pool SLO attainment (0 = unknown).")
+    unhealthy_reports: int = Field(3, ge=1, description="Consecutive reports with a failing engine /health "
+                                   "before the replica is ejected.")
+    preemption_storm_per_s: float = Field(5.0, ge=0, description="Preemptions/s above which a replica's "
+                                          "weight is cut (0 = off).")
+    pressure_eject_after_s: float = Field(30.0, ge=0, description="An OOM or preemption storm lasting this "
+                                          "long ejects the replica.")
+    readmit_backoff_s: float = Field(10.0, gt=0, description="First re-admission backoff after an ejection; "
+                                     "doubles per ejection in a row.")
+    readmit_backoff_max_s: float = Field(300.0, gt=0, description="Cap of the re-admission backoff.")
+    events_keep: int = Field(5000, ge=1, description="Audit events kept in etcd (older ones are deleted).")
 
     @field_validator("listen")
     @classmethod
@@ -77,12 +96,20 @@ def run(args: argparse.Namespace) -> int:
             raise config.ConfigError(
                 f"{SECTION}.etcd: the control plane needs etcd (give --etcd host:port or TIDEGATE_ETCD)")
         policy = WeightPolicyConfig(stale_after_s=cfg.stale_after_s, remove_after_s=cfg.remove_after_s)
+        fault_policy = FaultPolicyConfig(
+            unhealthy_reports=cfg.unhealthy_reports, preemption_storm_per_s=cfg.preemption_storm_per_s,
+            pressure_eject_after_s=cfg.pressure_eject_after_s, backoff_initial_s=cfg.readmit_backoff_s,
+            backoff_max_s=max(cfg.readmit_backoff_s, cfg.readmit_backoff_max_s))
+        tokens = load_tokens(cfg.auth_tokens_file) if cfg.auth_tokens_file else {}
     except (config.ConfigError, ValueError) as e:
         print(f"tidegate controlplane: {e}", file=sys.stderr)
         return 2
     cp_id = cfg.id or f"{socket.gethostname()}-{os.getpid()}"
     logs.configure(cfg.log_level, cfg.log_json, process=f"controlplane:{cp_id}")
-    return asyncio.run(ControlPlane(cfg, policy, cp_id).main())
+    if not tokens:
+        log.warning("admin_auth_unconfigured", hint="no --auth-tokens-file: every admin call is refused")
+    return asyncio.run(ControlPlane(cfg, policy, cp_id, fault_policy=fault_policy,
+                                    auth=Authenticator(tokens)).main())
 
 
 def server_options() -> list[tuple[str, int]]:
@@ -99,16 +126,30 @@ def server_options() -> list[tuple[str, int]]:
 
 
 class ControlPlane:
-    def __init__(self, cfg: ControlPlaneConfig, policy: WeightPolicyConfig, cp_id: str) -> None:
+    def __init__(self, cfg: ControlPlaneConfig, policy: WeightPolicyConfig, cp_id: str, *,
+                 fault_policy: FaultPolicyConfig | None = None, auth: Authenticator | None = None) -> None:
         self.cfg = cfg
         self.id = cp_id
         self.metrics = Metrics()
-        self.fleet = FleetState(policy, now=time.monotonic)
+        self.fleet = FleetState(policy, now=time.monotonic, fault_policy=fault_policy)
         self.store = EtcdStore(cfg.etcd, timeout_s=cfg.etcd_timeout_s)
         self.publisher = TablePublisher(self.store, cp_id, metrics=self.metrics)
         self.presence = LeaseKeeper(self.store, cfg.presence_ttl_s)
-        self.intents = WatchCache(self.store, keys.INTENTS)
+        self.auth = auth or Authenticator({})
+        # Any intent or router change wakes the decision loop at once (a standby may have
+        # written the intent; a router's in-flight count may complete a drain).
+        self._wake = asyncio.Event()
+        self.intents = WatchCache(self.store, keys.INTENTS, on_change=lambda k, kv: self._wake.set())
+        self.routers = WatchCache(self.store, keys.ROUTERS, on_change=lambda k, kv: self._wake.set())
+        self.events = EventLog(self.store, cp_id, keep=cfg.events_keep)
         self._intent_cache: dict[str, tuple[int, records_pb2.ReplicaIntent]] = {}
+        # Intents written by this instance that its WatchCache may not have seen yet:
+        # replica -> (revision of the write, intent or None when deleted).
+        self._pending: dict[str, tuple[int, records_pb2.ReplicaIntent | None]] = {}
+        self._tick_lock = asyncio.Lock()
+        self._last_state: dict[str, int] = {}
+        self._timed_out: set[str] = set()
+        self._background: set[asyncio.Task[object]] = set()
         self.address = cfg.listen
         self.leadership = Leadership(self._make_election, self._elected, self._lost)
 
@@ -122,7 +163,12 @@ class ControlPlane:
 
     def _elected(self) -> None:
         self.publisher.reset()
+        self._last_state.clear()
         self.metrics.leader.set(1)
+        task = asyncio.get_running_loop().create_task(
+            self.events.record("leader", reason=f"{self.id} elected leader (admin {self.address})"))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _lost(self) -> None:
         self.metrics.leader.set(0)
@@ -140,18 +186,85 @@ class ControlPlane:
             except codec.DecodeError:
                 log.warning("intent_undecodable", replica_id=rid)
         self._intent_cache = cache
-        self.fleet.set_intents({rid: intent for rid, (_, intent) in cache.items()})
+        merged = {rid: intent for rid, (_, intent) in cache.items()}
+        for rid, (rev, intent) in list(self._pending.items()):
+            if rev and self.intents.revision >= rev or not rev and rid not in merged:
+                del self._pending[rid]  # the cache has caught up
+                continue
+            if intent is None:
+                merged.pop(rid, None)
+            else:
+                merged[rid] = intent
+        self.fleet.set_intents(merged)
+
+    def _refresh_routers(self) -> None:
+        total: dict[str, int] = {}
+        for key, kv in self.routers.items().items():
+            try:
+                rp = codec.decode(kv.value, records_pb2.RouterPresence)
+            except codec.DecodeError:
+                log.warning("router_presence_undecodable", key=key)
+                continue
+            for rid, n in rp.inflight_by_replica.items():
+                total[rid] = total.get(rid, 0) + max(0, n)
+        self.fleet.set_router_inflight(total)
+
+    async def apply_intent(self, rid: str, intent: records_pb2.ReplicaIntent | None, revision: int) -> None:
+        """Called by the admin API after writing an intent: apply it and publish now, so
+        routers see weight 0 as soon as the RPC returns (not at the next tick)."""
+        self._pending[rid] = (revision, intent)
+        await self.tick()
+
+    async def _record_transitions(self) -> None:
+        for ev in self.fleet.take_events():
+            await self.events.record(ev.kind, ev.replica_id, ev.pool, reason=ev.reason)
+        seen = set()
+        for view in self.fleet.views():
+            rid = view.replica_id
+            seen.add(rid)
+            d = decide(view, self.fleet.policy)
+            prev = self._last_state.get(rid)
+            self._last_state[rid] = d.state
+            if not view.draining:
+                self._timed_out.discard(rid)
+            if d.state == prev:
+                if d.state == RS.REPLICA_STATE_DRAINING and view.drain_expired and rid not in self._timed_out:
+                    self._timed_out.add(rid)
+                    await self.events.record("drain_timeout", rid, view.pool, reason=d.reason)
+                continue
+            if d.state == RS.REPLICA_STATE_STALE and prev is not None:
+                await self.events.record("stale", rid, view.pool, reason=d.reason)
+            elif d.state == RS.REPLICA_STATE_DRAINED:
+                kind = "drain_forced" if view.drain_expired and d.reason.startswith("drain forced") \
+                    else "drain_complete"
+                await self.events.record(kind, rid, view.pool, reason=d.reason)
+            elif d.state == RS.REPLICA_STATE_DRAINING and view.drain_expired and rid not in self._timed_out:
+                self._timed_out.add(rid)
+                await self.events.record("drain_timeout", rid, view.pool, reason=d.reason)
+        for rid in set(self._last_state) - seen:
+            del self._last_state[rid]
 
     async def tick(self) -> None:
+        async with self._tick_lock:
+            await self._tick()
+
+    async def _tick(self) -> None:
         started = time.perf_counter()
         self.metrics.ticks.inc()
+        leader = self.leadership.is_leader
+        pools = {v.replica_id: v.pool for v in self.fleet.views()}
         for rid in self.fleet.prune():
             log.info("replica_removed", replica_id=rid, reason="no report within remove_after_s")
+            if leader:
+                await self.events.record("removed", rid, pools.get(rid, ""),
+                                         reason=f"no report for {self.fleet.policy.remove_after_s:g}s")
         self._refresh_intents()
+        self._refresh_routers()
         self.metrics.replicas.set(len(self.fleet))
-        if self.leadership.is_leader:
+        if leader:
             tables = compute_pool_tables(self.fleet.views(), self.fleet.policy)
             await self.publisher.publish(tables, lambda: self.leadership.is_leader)
+            await self._record_transitions()
         elapsed = time.perf_counter() - started
         self.metrics.tick_seconds.observe(elapsed)
         if elapsed > self.cfg.tick_s:
@@ -163,7 +276,9 @@ class ControlPlane:
                 await self.tick()
             except Exception:  # the loop must survive a bug in one tick
                 log.exception("tick_failed")
-            await asyncio.sleep(self.cfg.tick_s)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.cfg.tick_s)
 
     async def main(self) -> int:
         stop = asyncio.Event()
@@ -179,9 +294,10 @@ class ControlPlane:
         telemetry = TelemetryService(self.fleet, self.presence, self.id, metrics=self.metrics,
                                      is_leader=lambda: self.leadership.is_leader)
         telemetry_pb2_grpc.add_TelemetryServicer_to_server(telemetry, server)
-        admin_pb2_grpc.add_AdminServicer_to_server(
-            AdminService(self.fleet, self.store, self.publisher, self.id, lambda: self.leadership.is_leader),
-            server)
+        admin = AdminService(self.fleet, self.store, self.publisher, self.id, lambda: self.leadership.is_leader,
+                             auth=self.auth, events=self.events, apply_intent=self.apply_intent,
+                             slo_ttft_ms=self.cfg.slo_ttft_ms, slo_itl_ms=self.cfg.slo_itl_ms)
+        admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
         host = self.cfg.listen.rpartition(":")[0]
         try:
             port = server.add_insecure_port(self.cfg.listen)
@@ -197,6 +313,8 @@ class ControlPlane:
                  metrics_port=self.cfg.metrics_port)
         tasks = [asyncio.create_task(c, name=n) for n, c in (
             ("presence", self.presence.run()), ("intents", self.intents.run()),
+            ("routers", self.routers.run()), ("events", self.events.cache.run()),
+            ("events_trim", self.events.trim_loop()),
             ("leadership", self.leadership.run()), ("ticks", self._tick_loop()))]
         waiter = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -206,6 +324,7 @@ class ControlPlane:
         log.info("controlplane_stopping", controlplane_id=self.id)
         await self.leadership.stop()
         await server.stop(grace=1.0)
+        await admin.close()
         await telemetry.drain_cleanups()
         await self.presence.close()
         for t in tasks:

@@ -150,6 +150,69 @@ def test_missing_engine_and_gpu_faults(fleet: FleetState) -> None:
     r.gpus.add(index=1, ecc_uncorrected_volatile=2)
     d = fleet.on_report(hello(), r)
     assert d.state == RS.REPLICA_STATE_EJECTED and "uncorrectable ECC" in d.reason
-    # Fault numbers are ignored when the agent says GPU telemetry is unavailable.
+    assert [e.kind for e in fleet.take_events()] == ["eject"]
+    # Fault numbers are ignored when the agent says GPU telemetry is unavailable; the replica
+    # still waits out its re-admission backoff (10 s for a first ejection).
     r.gpu_telemetry_available = False
-    assert fleet.on_report(hello(), r).state == RS.REPLICA_STATE_READY
+    assert fleet.on_report(hello(), r).state == RS.REPLICA_STATE_EJECTED
+
+
+def test_xid_ejects_then_readmits_after_backoff(fleet: FleetState, clock: FakeClock) -> None:
+    fleet.on_report(hello(), report())
+    r = report(seq=2)
+    r.gpu_telemetry_available = True
+    r.gpus.add(index=0, xid_events=[48])
+    d = fleet.on_report(hello(), r)
+    assert d.state == RS.REPLICA_STATE_EJECTED and "critical Xid 48" in d.reason
+    assert [(e.kind, e.replica_id) for e in fleet.take_events()] == [("eject", "r1")]
+    clock.t += 5
+    assert fleet.on_report(hello(), report(seq=3)).state == RS.REPLICA_STATE_EJECTED
+    clock.t += 5
+    assert fleet.on_report(hello(), report(seq=4)).state == RS.REPLICA_STATE_READY
+    assert [e.kind for e in fleet.take_events()] == ["readmit"]
+
+
+def test_gpu_lost_stays_ejected_until_fresh_stream(fleet: FleetState, clock: FakeClock) -> None:
+    fleet.on_hello(hello())
+    fleet.stream_opened("r1")
+    r = report()
+    r.gpu_telemetry_available = True
+    r.gpus.add(index=0, lost=True)
+    fleet.on_report(hello(), r)
+    clock.t += 3600
+    assert fleet.on_report(hello(), report(seq=2)).state == RS.REPLICA_STATE_EJECTED
+    fleet.stream_opened("r1")  # a new stream while another is open is not fresh
+    assert fleet.on_report(hello(), report(seq=3)).state == RS.REPLICA_STATE_EJECTED
+    fleet.stream_closed("r1")
+    fleet.stream_closed("r1")
+    fleet.stream_opened("r1")
+    assert fleet.on_report(hello(), report(seq=4)).state == RS.REPLICA_STATE_READY
+    assert [e.kind for e in fleet.take_events()] == ["eject", "readmit"]
+
+
+def test_drain_counts_router_inflight_deadline_and_force(clock: FakeClock) -> None:
+    wall = FakeClock()
+    fleet = FleetState(WeightPolicyConfig(), now=clock, wall=wall)
+    fleet.on_report(hello(), report(num_requests_running=0))
+    deadline = records_pb2.ReplicaIntent(replica_id="r1", cordoned=True, draining=True)
+    deadline.created_at.FromSeconds(1000)
+    deadline.drain_deadline.FromSeconds(1010)
+    fleet.set_intents({"r1": deadline})
+    fleet.set_router_inflight({"r1": 2})
+    assert state_of(fleet)[0] == "REPLICA_STATE_DRAINING"
+    wall.t = 1010
+    view = fleet.view("r1")
+    assert view is not None and view.drain_expired
+    assert "drain timed out: 2 in flight at routers" in decide(view, fleet.policy).reason
+    deadline.force = True
+    fleet.set_intents({"r1": deadline})
+    assert state_of(fleet)[0] == "REPLICA_STATE_DRAINED"
+    deadline.force = False
+    fleet.set_intents({"r1": deadline})
+    fleet.set_router_inflight({})
+    assert state_of(fleet)[0] == "REPLICA_STATE_DRAINED"
+
+
+def test_oom_error_cuts_weight(fleet: FleetState) -> None:
+    d = fleet.on_report(hello(), report(error="CUDA out of memory"))
+    assert d.state == RS.REPLICA_STATE_DEGRADED and "weight cut: out of memory" in d.reason

@@ -68,6 +68,12 @@ class ReplicaView:
     telemetry_flags: tuple[str, ...] = ()  # what sanitising clamped, for humans
     cordoned: bool = False             # SRE intent
     draining: bool = False             # SRE intent
+    router_inflight: int = 0           # requests routers hold for this replica (RouterPresence)
+    drain_hold: bool = False           # drain younger than its grace period: not DRAINED yet
+    drain_expired: bool = False        # drain deadline passed
+    drain_force: bool = False          # at the deadline, mark DRAINED anyway
+    ejected: str = ""                  # non-empty: ejected by the fault policy (the reason)
+    cut: str = ""                      # non-empty: weight cut by the fault policy (the reason)
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,8 @@ def queue_factor(view: ReplicaView) -> float:
 
 def decide(view: ReplicaView, cfg: WeightPolicyConfig) -> ReplicaDecision:
     """State and weight of one replica. Precedence, first match wins:
-    STALE > DRAINING/DRAINED > CORDONED > JOINING > EJECTED (GPU fault, unhealthy) > DEGRADED > READY."""
+    STALE > DRAINING/DRAINED > CORDONED > JOINING > EJECTED (fault policy, GPU fault, unhealthy)
+    > DEGRADED (fault-policy cut, pressure) > READY."""
     zero = 0.0
     if view.report_age_s > cfg.stale_after_s:
         what = "report" if view.has_report else "hello without a report"
@@ -102,17 +109,13 @@ def decide(view: ReplicaView, cfg: WeightPolicyConfig) -> ReplicaDecision:
             f"no report for {view.report_age_s:.1f}s (last: {what}; stale after {cfg.stale_after_s:g}s)",
         )
     if view.draining:
-        if view.has_report and view.running + view.waiting == 0:
-            return ReplicaDecision(RS.REPLICA_STATE_DRAINED, zero, "drained: no running or waiting requests")
-        return ReplicaDecision(
-            RS.REPLICA_STATE_DRAINING, zero,
-            f"draining: {view.running} running, {view.waiting} waiting" if view.has_report
-            else "draining: no report yet",
-        )
+        return _drain_decision(view)
     if view.cordoned:
         return ReplicaDecision(RS.REPLICA_STATE_CORDONED, zero, "cordoned by SRE")
     if not view.has_report:
         return ReplicaDecision(RS.REPLICA_STATE_JOINING, zero, "hello received, waiting for the first report")
+    if view.ejected:
+        return ReplicaDecision(RS.REPLICA_STATE_EJECTED, zero, view.ejected)
     if view.gpu_faults:
         return ReplicaDecision(RS.REPLICA_STATE_EJECTED, zero, "gpu fault: " + "; ".join(view.gpu_faults))
     if not view.healthy:
@@ -123,7 +126,7 @@ def decide(view: ReplicaView, cfg: WeightPolicyConfig) -> ReplicaDecision:
     free = kv_free_fraction(view)
     qf = queue_factor(view)
     raw = max(cfg.kv_floor, free) * qf
-    pressure = _pressure(view, free, cfg)
+    pressure = ([view.cut] if view.cut else []) + _pressure(view, free, cfg)
     state = RS.REPLICA_STATE_DEGRADED if pressure else RS.REPLICA_STATE_READY
     if pressure:
         raw *= cfg.degraded_factor
@@ -132,6 +135,30 @@ def decide(view: ReplicaView, cfg: WeightPolicyConfig) -> ReplicaDecision:
     if view.telemetry_flags:
         reasons = [*reasons, "telemetry clamped: " + ", ".join(view.telemetry_flags)]
     return ReplicaDecision(state, weight, "; ".join(reasons))
+
+
+def _drain_decision(view: ReplicaView) -> ReplicaDecision:
+    zero = 0.0
+    if not view.has_report:
+        left = "no report yet"
+    else:
+        busy = []
+        if view.running:
+            busy.append(f"{view.running} running")
+        if view.waiting:
+            busy.append(f"{view.waiting} waiting")
+        if view.router_inflight:
+            busy.append(f"{view.router_inflight} in flight at routers")
+        left = ", ".join(busy)
+        if not busy and not view.drain_hold:
+            return ReplicaDecision(RS.REPLICA_STATE_DRAINED, zero, "drained: no running, waiting or in-flight requests")
+        if not busy:
+            left = "idle, waiting out the grace period"
+    if view.drain_expired:
+        if view.drain_force:
+            return ReplicaDecision(RS.REPLICA_STATE_DRAINED, zero, f"drain forced at the deadline ({left})")
+        return ReplicaDecision(RS.REPLICA_STATE_DRAINING, zero, f"drain timed out: {left}")
+    return ReplicaDecision(RS.REPLICA_STATE_DRAINING, zero, f"draining: {left}")
 
 
 def quantize(weight: float, cfg: WeightPolicyConfig) -> float:

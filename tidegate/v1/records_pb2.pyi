@@ -136,7 +136,7 @@ class LeaderRecord(_message.Message):
     def __init__(self, controlplane_id: _Optional[str] = ..., admin_address: _Optional[str] = ..., elected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ReplicaIntent(_message.Message):
-    __slots__ = ("replica_id", "cordoned", "draining", "drain_deadline", "force", "reason", "actor", "created_at")
+    __slots__ = ("replica_id", "cordoned", "draining", "drain_deadline", "force", "reason", "actor", "created_at", "grace_period_s")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     CORDONED_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +145,7 @@ class ReplicaIntent(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    GRACE_PERIOD_S_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     cordoned: bool
     draining: bool
@@ -153,7 +154,8 @@ class ReplicaIntent(_message.Message):
     reason: str
     actor: str
     created_at: _timestamp_pb2.Timestamp
-    def __init__(self, replica_id: _Optional[str] = ..., cordoned: _Optional[bool] = ..., draining: _Optional[bool] = ..., drain_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., force: _Optional[bool] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    grace_period_s: float
+    def __init__(self, replica_id: _Optional[str] = ..., cordoned: _Optional[bool] = ..., draining: _Optional[bool] = ..., drain_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., force: _Optional[bool] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., grace_period_s: _Optional[float] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("at", "kind", "replica_id", "pool", "actor", "reason")
