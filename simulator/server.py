@@ -118,12 +118,17 @@ class SimServer:
 
     async def _drive(self) -> None:
         loop = asyncio.get_running_loop()
+        # Steps run back to back on a deadline timeline, so the time spent between steps (HTTP
+        # writes, sleep overshoot) is absorbed instead of stretching every step; when the process
+        # falls behind (CPU-starved), the timeline restarts from now rather than bursting to catch up.
+        deadline = loop.time()
         while True:
             if not self.engine.has_work():
                 self._wake.clear()
                 await self._wake.wait()
+                deadline = loop.time()
                 continue
-            start = loop.time()
+            start = max(deadline, loop.time() - 0.002)
             try:
                 res = self.engine.step(start)
             except Exception:
@@ -135,8 +140,9 @@ class SimServer:
                 await asyncio.sleep(0.001)
                 continue
             self.gpus.busy.record(start, start + res.duration_s / self.speedup)
+            deadline = start + res.duration_s / self.speedup
             # sleep(0) still yields, so handlers run between the steps of the instant profile.
-            await asyncio.sleep(res.duration_s / self.speedup)
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
             now = loop.time()
             for out in res.outputs:
                 if out.new_tokens == 0:
