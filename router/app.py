@@ -12,6 +12,7 @@ from router.metrics import RouterMetrics
 from router.parse import CHAT_PATH, COMPLETIONS_PATH, error_body
 from router.proxy import Proxy, json_error
 from router.tables import RoutingTables
+from tidegate.policy.pick import routable
 
 MIB = 1024 * 1024
 
@@ -56,7 +57,8 @@ def build_app(proxy: Proxy, tables: RoutingTables, metrics: RouterMetrics, route
             "router_id": router_id,
             "synced": synced,
             "etcd_healthy": tables.etcd_healthy,
-            "pools": {pool: {"generation": t.generation, "replicas": len(t.entries)}
+            "pools": {pool: {"generation": t.generation, "replicas": len(t.entries),
+                             "routable": sum(1 for e in t.entries if routable(e.weight))}
                       for pool, t in sorted(tables.pools().items())},
         }
         return web.Response(status=200 if synced else 503, text=json.dumps(body),
