@@ -22,6 +22,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("tidegate.fleet.demo", "Start a local fleet, replay a real trace through the router, print a report."),
     "simulate": ("fleetsim.main",
                  "Simulate a whole fleet on a virtual clock (real weight and router policy code); compare policies."),
+    "get": ("tidegate.ops.commands.get", "List replicas or pools (tables, or -o json)."),
+    "describe": ("tidegate.ops.commands.describe", "Show everything known about one replica."),
+    "cordon": ("tidegate.ops.commands.cordon", "Stop sending new requests to replicas (in-flight ones finish)."),
+    "uncordon": ("tidegate.ops.commands.uncordon", "Let cordoned or drained replicas take requests again."),
+    "drain": ("tidegate.ops.commands.drain", "Cordon replicas and wait until their in-flight work is done."),
+    "events": ("tidegate.ops.commands.events", "The audit trail: SRE actions and automatic decisions."),
+    "top": ("tidegate.ops.commands.top", "Live view of pools and replicas."),
+    "budget": ("tidegate.ops.commands.budget", "Set, list or delete disruption budgets (per pool or region)."),
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -48,6 +49,36 @@ class UpConfig(ConfigBase, EtcdFields):
     region: str = Field("local", description="Region label of every process.")
     report_interval_s: float = Field(1.0, gt=0, description="Agent report interval, seconds.")
     ready_timeout_s: float = Field(60.0, gt=0, description="How long to wait for the fleet to become routable.")
+    simulated_gpu: bool = Field(False, description="Agents read simulated NVML readings from their simulator "
+                                "(`--gpu-source sim`), so GPU faults can be injected through POST /sim/faults.")
+
+
+OPERATOR_NAME = "local-operator"
+VIEWER_NAME = "local-viewer"
+
+
+def _write_secret(path: Path, text: str) -> None:
+    """Create or replace `path` readable by its owner only (0600 from the start: no window in which
+    another user could read it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def write_tokens(run_dir: Path) -> tuple[dict[str, str], Path]:
+    """Fresh operator and viewer tokens for a local fleet: `operator.token`, `viewer.token` and the
+    control planes' `auth-tokens.csv` (`token,name,role` lines), all mode 0600 in `run_dir`.
+    Returns ({"operator": path, "viewer": path}, tokens file)."""
+    operator, viewer = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    _write_secret(run_dir / "operator.token", operator + "\n")
+    _write_secret(run_dir / "viewer.token", viewer + "\n")
+    csv = run_dir / "auth-tokens.csv"
+    _write_secret(csv, "# token,name,role (written by `tidegate up`)\n"
+                       f"{operator},{OPERATOR_NAME},operator\n{viewer},{VIEWER_NAME},viewer\n")
+    return {"operator": str(run_dir / "operator.token"), "viewer": str(run_dir / "viewer.token")}, csv
 
 
 class Fleet:
@@ -91,11 +122,15 @@ class Fleet:
             log.info("etcd_started", endpoint=self.etcd.endpoint, embedded=True)
         etcd = ",".join(self.etcd_endpoints)
 
+        tokens, tokens_file = write_tokens(self.run_dir)
+        auth = ["--auth-tokens-file", str(tokens_file)]
+        gpu = ["--gpu-source", "sim"] if cfg.simulated_gpu else []
+
         cps = []
         for i in range(cfg.controlplanes):
             cps.append(self._child(
                 f"controlplane-{i}", "controlplane", "--etcd", etcd, "--listen", "127.0.0.1:0",
-                "--id", f"cp-{i}", *self._common()))
+                "--id", f"cp-{i}", *auth, *self._common()))
         cp_addrs = [f"127.0.0.1:{c.wait_port()}" for c in cps]
 
         sims = []
@@ -111,7 +146,7 @@ class Fleet:
                 f"agent-{i}", "agent", "--engine-url", url, "--replica-id", rid, "--model", cfg.model,
                 "--region", cfg.region, "--zone", f"{cfg.region}-{'abc'[i % 3]}",
                 "--controlplane", ",".join(cp_addrs), "--report-interval-s", str(cfg.report_interval_s),
-                "--engine-kind", "tidegate-sim", *self._common())
+                "--engine-kind", "tidegate-sim", *gpu, *self._common())
             replicas.append({"id": rid, "model": cfg.model, "engine_url": url,
                              "sim_pid": sim.pid, "agent_pid": agent.pid})
 
@@ -133,6 +168,8 @@ class Fleet:
             "launcher_pid": os.getpid(),
             "pids": {c.name: c.pid for c in self.children},
             "started_at": time.time(),
+            "tokens": tokens,
+            "simulated_gpu": cfg.simulated_gpu,
         }
         if self.etcd is not None:
             self.info["pids"]["etcd"] = self.etcd.pid
@@ -140,18 +177,20 @@ class Fleet:
         return self.info
 
     def _wait_routable(self, router_url: str) -> None:
-        """Ready when the router lists the model, i.e. a table with a routable replica reached it."""
+        """Ready when the router holds a table in which every replica is routable (weight > 0):
+        listing the model is not enough, as replicas join with weight 0 until their first report."""
         deadline = time.monotonic() + self.cfg.ready_timeout_s
         last = "no answer"
         while time.monotonic() < deadline:
             self.check()
             try:
-                with urllib.request.urlopen(router_url + "/v1/models", timeout=2) as resp:
+                with urllib.request.urlopen(router_url + "/health", timeout=2) as resp:
                     body = json.loads(resp.read())
-                if any(m.get("id") == self.cfg.model for m in body.get("data", [])):
+                pool = body.get("pools", {}).get(self.cfg.model, {})
+                if pool.get("routable", 0) >= self.cfg.replicas:
                     log.info("fleet_ready", router=router_url)
                     return
-                last = "model not listed yet"
+                last = f"{pool.get('routable', 0)} of {self.cfg.replicas} replicas routable"
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 last = str(exc)
             time.sleep(0.25)
@@ -214,6 +253,10 @@ def print_endpoints(info: dict[str, Any], path: Path) -> None:
     print(f"replicas      {len(info['replicas'])} x {info['model']} (simulated, profile {info['profile']})",
           flush=True)
     print(f"endpoints     {path}", flush=True)
+    tokens = info.get("tokens") or {}
+    if tokens:
+        print(f"admin tokens  operator {tokens.get('operator')}, viewer {tokens.get('viewer')} "
+              "(the CLI finds them through the endpoints file)", flush=True)
     print(f"logs          {info['run_dir']}", flush=True)
 
 

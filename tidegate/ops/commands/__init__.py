@@ -1,0 +1,1 @@
+"""One module per `tidegate` operations subcommand (configure_parser + run)."""
