@@ -156,3 +156,44 @@ def test_standby_control_plane_takes_over(fleet: tuple[Fleet, dict[str, Any]]) -
     # and republishes every table under its own id.
     _wait(lambda: _table(info).get("leaderId") not in (None, "", leader), 30, "the standby to publish")
     assert _complete(info["router_url"])["usage"]["completion_tokens"] == 4
+
+
+@pytest.fixture
+def gpu_fleet(fresh_etcd: Any, tmp_path: Path) -> Iterator[tuple[Fleet, dict[str, Any]]]:
+    cfg = UpConfig(replicas=2, model=MODEL, profile="instant", etcd=(fresh_etcd.endpoint,),
+                   run_dir=tmp_path / "run", report_interval_s=0.5, ready_timeout_s=60, simulated_gpu=True)
+    fl = Fleet(cfg)
+    try:
+        yield fl, fl.start()
+    finally:
+        fl.stop()
+
+
+def test_injected_gpu_fault_ejects_the_replica(gpu_fleet: tuple[Fleet, dict[str, Any]]) -> None:
+    """Simulated NVML (clearly labelled) reports Xid 79 on replica-1: the control plane ejects it,
+    the router stops choosing it, requests keep succeeding, and the audit trail says why."""
+    fl, info = gpu_fleet
+    engine = next(r["engine_url"] for r in info["replicas"] if r["id"] == "replica-1")
+    status, body = _post(engine + "/sim/faults", {"xid": 79})
+    assert status == 200 and json.loads(body)["simulated"] is True
+
+    def ejected() -> bool:
+        entries = {r["replicaId"]: r for r in _table(info).get("replicas", [])}
+        e = entries.get("replica-1", {})
+        return e.get("state") == "REPLICA_STATE_EJECTED" and not e.get("weight")
+
+    _wait(ejected, 20, "replica-1 to be ejected after Xid 79")
+    time.sleep(0.5)  # etcd -> router watch propagation
+    before = _served_by_replica(info)
+    for _ in range(10):
+        _complete(info["router_url"])
+    after = _served_by_replica(info)
+    assert after["replica-1"] == before["replica-1"], (before, after)
+
+    cli = subprocess.run(
+        [sys.executable, "-m", "tidegate.cli.main", "events", "--replica", "replica-1", "-o", "json",
+         "--controlplane", info["controlplane"], "--token-file", info["tokens"]["viewer"]],
+        capture_output=True, text=True, timeout=30)
+    assert cli.returncode == 0, cli.stderr
+    events = json.loads(cli.stdout)["events"]
+    assert any(e["kind"] == "eject" and "79" in e["reason"] for e in events), events
