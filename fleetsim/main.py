@@ -76,6 +76,8 @@ class SimulateConfig(ConfigBase):
     report_interval_s: float = Field(1.0, gt=0, description="Agent report interval, seconds.")
     tick_s: float = Field(0.5, gt=0, description="Control-plane tick, seconds.")
     propagation_ms: float = Field(5.0, ge=0, description="etcd propagation delay of a routing table, ms.")
+    hop_ms: float = Field(0.0, ge=0, description="Client-router-engine transport each way, ms (0: ideal network); "
+                                                 "scripts/crosscheck_live_vs_sim.py measures it on a live fleet.")
     scrape_ms: float | None = Field(None, gt=0, description="Let the router poll every engine's queue and KV "
                                                            "itself every N ms (llm-d's EPP: 50); policies reading "
                                                            "them then see these instead of the table's.")
@@ -209,7 +211,8 @@ def run_matrix(cfg: SimulateConfig, profiles: list[Profile], policies: list[str]
     else:
         plan = [(round(native / cap, 4), 1.0)]
     sim_cfg = SimConfig(report_interval_s=cfg.report_interval_s, tick_s=cfg.tick_s,
-                        propagation_s=cfg.propagation_ms / 1000.0, record_samples=cfg.plot is not None,
+                        propagation_s=cfg.propagation_ms / 1000.0, hop_s=cfg.hop_ms / 1000.0,
+                        record_samples=cfg.plot is not None,
                         scrape_interval_s=None if cfg.scrape_ms is None else cfg.scrape_ms / 1000.0)
     runs = []
     for load_x, factor in plan:

@@ -49,6 +49,10 @@ class SimConfig:
     report_interval_s: float = 1.0
     tick_s: float = 0.5
     propagation_s: float = 0.005
+    # Client -> router -> engine transport, each way (HTTP hops, the router's own work): the
+    # request reaches the engine this much after it arrives, and every token reaches the client
+    # this much after the engine produced it. 0 = an ideal network.
+    hop_s: float = 0.0
     warmup_s: float = 3.0
     window_s: float = 30.0              # the agents' latency window
     pool: str = "sim"
@@ -62,8 +66,9 @@ class SimConfig:
     scrape_interval_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not (self.report_interval_s > 0 and self.tick_s > 0 and self.propagation_s >= 0 and self.warmup_s >= 0):
-            raise ValueError("need report_interval_s > 0, tick_s > 0, propagation_s >= 0, warmup_s >= 0")
+        if not (self.report_interval_s > 0 and self.tick_s > 0 and self.propagation_s >= 0 and self.warmup_s >= 0
+                and self.hop_s >= 0):
+            raise ValueError("need report_interval_s > 0, tick_s > 0, propagation_s >= 0, warmup_s >= 0, hop_s >= 0")
         if self.scrape_interval_s is not None and not self.scrape_interval_s > 0:
             raise ValueError("scrape_interval_s must be positive (or None)")
 
@@ -242,10 +247,13 @@ class Simulation:
         rec = self.records.get(req_id)
         if rec is None:
             return
+        engine_arrival = rec.req.arrival_s + self.cfg.hop_s  # the engine measures from its own arrival
+        engine_t = t_s
+        t_s += self.cfg.hop_s  # when the client sees it
         if kind == "first_token":
             if rec.first_token_s is None:
                 rec.first_token_s = t_s
-                self._by_id[rep.replica_id][1].observe_ttft(t_s - rec.req.arrival_s)
+                self._by_id[rep.replica_id][1].observe_ttft(engine_t - engine_arrival)
                 notify(self.policy, "on_first_token", self._features[req_id], rep.replica_id)
         elif kind == "finished":
             if rec.finish_s is not None:
@@ -257,7 +265,7 @@ class Simulation:
             if res is not None:
                 rec.cached_tokens = res.cached_tokens
             own = rep.solo_prefill_s(rec.req.prompt_tokens - rec.cached_tokens)
-            rec.queue_s = max(0.0, rec.first_token_s - rec.req.arrival_s - own)
+            rec.queue_s = max(0.0, rec.first_token_s - rec.req.arrival_s - own - 2 * self.cfg.hop_s)
             self._by_id[rep.replica_id][1].observe_finished(rec.first_token_s, t_s, rec.req.output_tokens)
             self.inflight[rep.replica_id] -= 1
             self._outstanding -= 1
@@ -285,8 +293,8 @@ class Simulation:
             return
         rep = self._by_id[choice.replica_id][0]
         try:
-            rep.submit(req.req_id, req.prompt_tokens, req.output_tokens, req.arrival_s, req.prefix_hashes,
-                       req.hash_block_tokens)
+            rep.submit(req.req_id, req.prompt_tokens, req.output_tokens, req.arrival_s + self.cfg.hop_s,
+                       req.prefix_hashes, req.hash_block_tokens)
         except RequestError as exc:
             rec.rejected = "too_large" if "larger" in str(exc) or "context length" in str(exc) else "invalid"
             return

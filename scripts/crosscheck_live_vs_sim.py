@@ -1,30 +1,44 @@
 """Live vs virtual cross-check: one workload through real processes and through the simulator.
 
     python scripts/crosscheck_live_vs_sim.py [--requests 300] [--rate 6] [--replicas 2]
-                                             [--profile llama3-8b-h100] [--seed 7] [--out DIR]
+        [--profile llama3-8b-h100] [--prompt-mean 1500] [--output-mean 120] [--seed 7] [--out DIR]
 
-Writes a seeded Poisson workload (Mooncake JSONL format, lognormal lengths), then runs
-  1. `tidegate demo --trace W --rate-scale 1` : etcd, control plane, simulated replicas with
-     agents and a router as real processes, requests over real HTTP, and
-  2. `tidegate simulate --trace W --rate-scale 1 --policy tidegate` : the same fleet on a
-     virtual clock,
-and prints TTFT and TPOT P50/P95/P99 side by side. Exit status 1 when any of them differs by
-more than --tolerance (default 15 %).
+1. Writes a seeded Poisson workload (Mooncake JSONL format, lognormal lengths).
+2. Starts a live fleet (`tidegate.fleet.up.Fleet`: etcd, control plane, simulated replicas with
+   agents, a router, all real processes) and measures its transport floor: the median TTFT of
+   sequential one-token requests through the router, minus the engine model's step time for
+   them, halved (one hop each way).
+3. Replays the workload through the router over real HTTP (`tidegate.fleet.loadgen`).
+4. Runs `tidegate simulate` on the same workload and fleet with `--hop-ms` set to the measured
+   floor, and prints TTFT and TPOT P50/P95/P99 side by side.
+Exit status 1 when any of them differs by more than --tolerance (default 15 %) or a live
+request failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import aiohttp
 
-def workload(path: Path, n: int, rate: float, seed: int, prompt_mean: float, output_mean: float) -> float:
+from simulator.profiles import get_profile
+from tidegate.fleet import loadgen, report, traces
+from tidegate.fleet.up import Fleet, UpConfig
+
+MODEL = "crosscheck-model"
+
+
+def write_workload(path: Path, n: int, rate: float, seed: int, prompt_mean: float, output_mean: float) -> None:
     rng = random.Random(seed)
     t = 0.0
     sigma = 0.6
@@ -35,7 +49,23 @@ def workload(path: Path, n: int, rate: float, seed: int, prompt_mean: float, out
             o = max(2, min(1000, int(rng.lognormvariate(math.log(output_mean) - sigma**2 / 2, sigma))))
             f.write(json.dumps({"timestamp": int(t * 1000), "input_length": p, "output_length": o,
                                 "hash_ids": []}) + "\n")
-    return t
+
+
+async def transport_floor_ms(router: str, profile_name: str, samples: int = 30) -> float:
+    """One hop's share of the live system's fixed per-request latency."""
+    step_ms = get_profile(profile_name).cost.step_ms(1, 1)
+    ttfts = []
+    async with aiohttp.ClientSession() as s:
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            async with s.post(router + "/v1/completions", json={
+                    "model": MODEL, "prompt": loadgen.make_prompt(1), "max_tokens": 2, "stream": True}) as r:
+                async for line in r.content:
+                    if line.startswith(b"data: {"):
+                        ttfts.append((time.perf_counter() - t0) * 1000)
+                        break
+                await r.read()
+    return max(0.0, (statistics.median(ttfts) - step_ms) / 2)
 
 
 def main() -> int:
@@ -53,18 +83,32 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="tidegate-crosscheck-"))
     out.mkdir(parents=True, exist_ok=True)
     wl = out / "workload.jsonl"
-    span = workload(wl, args.requests, args.rate, args.seed, args.prompt_mean, args.output_mean)
-    tg = [sys.executable, "-m", "tidegate.cli.main"]
-    common = ["--trace", str(wl), "--rate-scale", "1", "--replicas", str(args.replicas),
-              "--profile", args.profile, "--log-level", "warning"]
-    # The demo exits 1 when a request failed; its JSON report says which, and is checked below.
-    subprocess.run([*tg, "demo", *common, "--duration", f"{span:.3f}", "--json", str(out / "live.json")])
-    subprocess.run([*tg, "simulate", *common, "--policy", "tidegate", "--seed", str(args.seed),
+    write_workload(wl, args.requests, args.rate, args.seed, args.prompt_mean, args.output_mean)
+    trace = traces.load(wl)
+
+    fleet = Fleet(UpConfig(replicas=args.replicas, model=MODEL, profile=args.profile, log_level="warning",
+                           run_dir=out / "run"))
+    try:
+        info = fleet.start()
+        hop_ms = asyncio.run(transport_floor_ms(info["router_url"], args.profile))
+        time.sleep(1.0)  # let the agents' latency windows forget the probes' load
+        results, sent = asyncio.run(loadgen.replay(info["router_url"], MODEL, trace, time_scale=1.0,
+                                                   duration_s=trace[-1].arrival_s + 1e-6))
+    finally:
+        fleet.stop()
+    live = report.build(results, sent=sent, duration_s=1.0, slo_ttft_ms=2000, slo_tpot_ms=100, replicas=[],
+                        rate_rps=args.rate, rate_basis="cross-check")
+
+    subprocess.run([sys.executable, "-m", "tidegate.cli.main", "simulate", "--trace", str(wl), "--rate-scale", "1",
+                    "--replicas", str(args.replicas), "--profile", args.profile, "--policy", "tidegate",
+                    "--seed", str(args.seed), "--hop-ms", f"{hop_ms:.3f}", "--log-level", "warning",
                     "--json", str(out / "sim.json")], check=True, stdout=subprocess.DEVNULL)
-    live = json.loads((out / "live.json").read_text())
     sim = json.loads((out / "sim.json").read_text())["runs"][0]
-    print(f"\n{args.requests} requests at {args.rate} req/s on {args.replicas} x {args.profile} "
-          f"(seed {args.seed}); files in {out}")
+    (out / "live.json").write_text(json.dumps(live, indent=2) + "\n")
+
+    print(f"{args.requests} requests at {args.rate} req/s on {args.replicas} x {args.profile}, prompt mean "
+          f"{args.prompt_mean:g}, output mean {args.output_mean:g} (seed {args.seed}); files in {out}")
+    print(f"measured transport floor: {hop_ms:.2f} ms each way (simulated with --hop-ms)")
     print(f"{'metric':<10} {'live':>9} {'virtual':>9} {'diff':>7}")
     worst = 0.0
     for metric in ("ttft_ms", "tpot_ms"):
@@ -73,7 +117,7 @@ def main() -> int:
             diff = (a - b) / b if b else float("inf")
             worst = max(worst, abs(diff))
             print(f"{metric[:4] + ' ' + q:<10} {a:>9.1f} {b:>9.1f} {diff * 100:>+6.1f}%")
-    print(f"live: sent {live['sent']} completed {live['completed']} failed {live['failed']} {live['errors']}; "
+    print(f"live: sent {live['sent']} completed {live['completed']} failed {live['failed']} {live['errors'] or ''}; "
           f"worst difference {worst * 100:.1f}% (tolerance {args.tolerance * 100:.0f}%)")
     return 0 if worst <= args.tolerance and live["failed"] == 0 else 1
 

@@ -175,3 +175,19 @@ def test_router_scrape_refreshes_queue_and_kv_but_not_weights():
     assert len({e[0].running + e[0].waiting for e in plain.seen}) < len({e[0].running + e[0].waiting
                                                                           for e in scraped.seen})
     assert [tuple(x.weight for x in e) for e in plain.seen] == [tuple(x.weight for x in e) for e in scraped.seen]
+
+
+def test_transport_hops_add_to_ttft_not_tpot():
+    # Sparse arrivals on an idle fleet: each request alone, so only the hops differ.
+    reqs = [workload.SimRequest(i, 5.0 + 2.0 * i, 500, 20) for i in range(5)]
+    ideal = run(reqs=reqs, cfg=SimConfig(hop_s=0.0))
+    hops = run(reqs=reqs, cfg=SimConfig(hop_s=0.004))
+    for a, b in zip(sorted(ideal.records, key=lambda r: r.req.req_id),
+                    sorted(hops.records, key=lambda r: r.req.req_id), strict=True):
+        assert b.ttft_s == pytest.approx(a.ttft_s + 0.008, abs=1e-9)
+        assert b.tpot_s == pytest.approx(a.tpot_s, abs=1e-9)
+
+
+def test_negative_hop_is_rejected():
+    with pytest.raises(ValueError, match="hop_s"):
+        SimConfig(hop_s=-0.001)
