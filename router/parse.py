@@ -93,8 +93,12 @@ def parse_request(path: str, body: bytes) -> tuple[dict[str, Any], RequestFeatur
         max_tokens = None
     return payload, RequestFeatures(
         model=model, prompt_tokens=prompt_tokens, max_tokens=max_tokens, stream=payload.get("stream") is True,
-        prefix_hashes=prefix_hashes(_prompt_text(payload, path == CHAT_PATH)),
     )
+
+
+def request_prefix_hashes(path: str, payload: dict[str, Any]) -> tuple[int, ...]:
+    """The prompt's prefix block ids; computed only for policies that read them (hot path)."""
+    return prefix_hashes(_prompt_text(payload, path == CHAT_PATH))
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

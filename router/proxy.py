@@ -18,6 +18,7 @@ the streamed answer and released in `finally`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import time
@@ -33,7 +34,7 @@ from multidict import CIMultiDict
 from router.budget import RetryBudget
 from router.inflight import InflightCounter
 from router.metrics import RouterMetrics
-from router.parse import BadRequest, error_body, parse_request
+from router.parse import BadRequest, error_body, parse_request, request_prefix_hashes
 from router.tables import PoolTable, RoutingTables
 from tidegate.policy import registry
 from tidegate.policy.pick import RequestFeatures
@@ -149,7 +150,7 @@ class Proxy:
             return json_error(413, exc.text or "request body too large", "invalid_request_error",
                               code="request_too_large")
         try:
-            _, features = parse_request(request.path, body)
+            payload, features = parse_request(request.path, body)
         except BadRequest as exc:
             return json_error(400, str(exc), "invalid_request_error", param=exc.param)
         if not self._tables.synced.is_set():
@@ -161,6 +162,8 @@ class Proxy:
                               param="model", code="model_not_found")
         request[_POOL] = table.pool
         self._budget.on_request()
+        if getattr(self._policy(table.pool), "uses_prefix_hashes", False):
+            features = dataclasses.replace(features, prefix_hashes=request_prefix_hashes(request.path, payload))
         return await self._route(request, body, table, features, t0)
 
     async def _route(self, request: web.Request, body: bytes, table: PoolTable, features: RequestFeatures,

@@ -10,6 +10,9 @@ and optional router-local hooks the router calls after a pick and when a request
     on_first_token(request, replica_id)   # its first token came back (oracle only)
     on_complete(request, replica_id)      # it finished, failed or was cancelled
 
+A policy that reads `RequestFeatures.prefix_hashes` says so with a class attribute
+`uses_prefix_hashes = True`; the live router hashes prompts only for those (it is per-request work).
+
 State that a policy keeps between requests (round-robin cursor, prefix trees) lives in the
 policy object, so one router = one policy instance; there are no globals, no I/O, no clock.
 `create(name)` returns a fresh instance; an unknown name raises `UnknownPolicyError` listing

@@ -35,6 +35,7 @@ DEFAULT_LRU_TOKENS = 31250 * 16  # DefaultLRUCapacityPerServer blocks of 16 toke
 
 class LlmdEndpointPicker:
     name = "llmd"
+    uses_prefix_hashes = True  # the router computes RequestFeatures.prefix_hashes only for such policies
 
     def __init__(self) -> None:
         self._index: dict[str, LruBlocks] = {}

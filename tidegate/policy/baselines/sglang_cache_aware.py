@@ -31,6 +31,7 @@ MAX_TREE_TOKENS = 2**26 // 4
 
 class SglangCacheAware:
     name = "sglang_cache_aware"
+    uses_prefix_hashes = True  # the router computes RequestFeatures.prefix_hashes only for such policies
 
     def __init__(self, cache_threshold: float = CACHE_THRESHOLD, balance_abs_threshold: int = BALANCE_ABS_THRESHOLD,
                  balance_rel_threshold: float = BALANCE_REL_THRESHOLD) -> None:
