@@ -309,3 +309,23 @@ async def test_midstream_break_emits_sse_error(engines):
         assert [e.get("i") for e in events[:3]] == [0, 1, 2]
         assert events[-1]["error"]["code"] == "upstream_stream_broken"
         assert router.inflight.total == 0
+
+
+def test_prefix_hashes_share_ids_for_a_shared_prefix():
+    from router.parse import PREFIX_BLOCK_BYTES, request_prefix_hashes
+
+    system = "s" * (PREFIX_BLOCK_BYTES * 4)
+    a = request_prefix_hashes("/v1/completions", {"prompt": system + "question one " * 20})
+    b = request_prefix_hashes("/v1/completions", {"prompt": system + "another question " * 20})
+    assert len(a) > 4 and len(b) > 4
+    assert a[:4] == b[:4] and a[4] != b[4]          # chained: equal up to where the prompts differ
+    assert request_prefix_hashes("/v1/completions", {"prompt": "short"}) == ()  # no full block
+    chat = request_prefix_hashes("/v1/chat/completions", {"messages": [{"role": "system", "content": system}]})
+    assert len(chat) == 4
+
+
+def test_only_prefix_aware_policies_get_prefix_hashes():
+    from tidegate.policy import registry
+
+    aware = {n for n in registry.names() if getattr(registry.create(n), "uses_prefix_hashes", False)}
+    assert aware == {"llmd", "sglang_cache_aware"}
