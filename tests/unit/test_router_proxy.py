@@ -68,12 +68,16 @@ class Engine:
         return web.json_response({"object": "chat.completion", "by": self.name}, headers={"X-Engine": self.name})
 
 
+_HELD: list[socket.socket] = []
+
+
 def refused_url() -> str:
+    # Bound but never listening: connections are refused, and while the socket stays open no
+    # other process (a parallel test run) can take the port and answer in its place.
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
-    return f"http://127.0.0.1:{port}"
+    _HELD.append(s)
+    return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 class Router:
