@@ -102,12 +102,19 @@ async def put_table(endpoint: str, pool: str, replicas: list[tuple[str, str, flo
         await store.close()
 
 
-def refused_url() -> str:
+_HELD: list[socket.socket] = []
+
+
+def _refused_port() -> int:
+    # Bound but never listening: connections are refused, and no other process can take the port.
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"http://127.0.0.1:{port}"
+    _HELD.append(s)
+    return int(s.getsockname()[1])
+
+
+def refused_url() -> str:
+    return f"http://127.0.0.1:{_refused_port()}"
 
 
 class RouterProc:
@@ -301,10 +308,7 @@ async def test_keeps_routing_when_etcd_stops(fresh_etcd, engines, start_router):
 
 
 async def test_starts_without_etcd(start_router):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    dead = f"127.0.0.1:{s.getsockname()[1]}"
-    s.close()
+    dead = f"127.0.0.1:{_refused_port()}"
     router = start_router(dead)
     async with aiohttp.ClientSession() as http:
         status, body = await health(http, router)
