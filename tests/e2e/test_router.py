@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -103,6 +103,13 @@ async def put_table(endpoint: str, pool: str, replicas: list[tuple[str, str, flo
 
 
 _HELD: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_held_ports() -> Iterator[None]:
+    yield
+    while _HELD:
+        _HELD.pop().close()
 
 
 def _refused_port() -> int:

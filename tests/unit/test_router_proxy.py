@@ -8,6 +8,7 @@ import json
 import random
 import socket
 import time
+from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
@@ -69,6 +70,13 @@ class Engine:
 
 
 _HELD: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_held_ports() -> Iterator[None]:
+    yield
+    while _HELD:
+        _HELD.pop().close()
 
 
 def refused_url() -> str:
