@@ -64,11 +64,15 @@ def test_forced_choice(entries, inflight, exclude, expected):
     ("entries", "inflight", "expected"),
     [
         pytest.param([c("a", 1), c("b", 1)], {}, {"a": 0.5, "b": 0.5}, id="all-equal"),
-        pytest.param([c("a", 3), c("b", 1)], {}, {"a": 0.75, "b": 0.25}, id="weights-3-1"),
-        # F=8, a's share (9*1/2=4.5) vs 8 held: eff_a = 1/(1+8/4.5) = 0.36, eff_b = 1.
-        pytest.param([c("a", 1), c("b", 1)], {"a": 8}, {"a": 0.36 / 1.36, "b": 1 / 1.36}, id="busy-discounted"),
+        pytest.param([c("a", 3), c("b", 2)], {}, {"a": 0.6, "b": 0.4}, id="ties-follow-weights"),
+        pytest.param([c("a", 3), c("b", 1)], {}, {"a": 1.0, "b": 0.0}, id="below-half-of-best-left-out"),
+        pytest.param([c("a", 3), c("b", 1)], {"a": 50}, {"a": 1.0, "b": 0.0}, id="tier-even-when-busy"),
+        pytest.param([c("a", 1), c("b", 1)], {"a": 1}, {"a": 0.0, "b": 1.0}, id="least-loaded-wins"),
+        pytest.param([c("a", 2), c("b", 1), c("c", 2)], {"a": 3, "b": 0, "c": 1},
+                     {"a": 0.0, "b": 1.0, "c": 0.0}, id="least-loaded-in-tier"),
         pytest.param([c("a", 1), c("b", 1)], {"a": 2, "b": 2}, {"a": 0.5, "b": 0.5}, id="equal-inflight"),
         pytest.param([c("a", 1), c("b", 1)], {"zz": 50}, {"a": 0.5, "b": 0.5}, id="unknown-inflight-ignored"),
+        pytest.param([c("a", 1), c("b", 1)], {"a": -5}, {"a": 0.5, "b": 0.5}, id="negative-inflight-clamped"),
     ],
 )
 def test_shares(entries, inflight, expected):
@@ -76,7 +80,7 @@ def test_shares(entries, inflight, expected):
     for rid, share in expected.items():
         assert got.get(rid, 0.0) == pytest.approx(share, abs=0.03), (rid, got)
     for p in [pick(entries, inflight, REQ, random.Random(0))]:
-        assert p is not None and p.reason == "weighted" and p.candidates == len(entries)
+        assert p is not None and p.reason == "least_loaded_in_tier" and p.candidates == len(entries)
 
 
 def test_entry_order_does_not_change_seeded_picks():
