@@ -24,7 +24,7 @@ from test_controlplane import (  # type: ignore[import-not-found]
 
 from tidegate import codec, keys
 from tidegate.store.etcd import EtcdStore
-from tidegate.v1 import admin_pb2, admin_pb2_grpc, records_pb2, telemetry_pb2, telemetry_pb2_grpc
+from tidegate.v1 import admin_pb2, admin_pb2_grpc, records_pb2, telemetry_pb2
 
 pytestmark = pytest.mark.e2e
 RS = records_pb2.ReplicaState
@@ -33,19 +33,17 @@ cps = tcp.cps
 store = tcp.store
 
 
-class Agent:
-    """Streams Hello then reports built from `running`, `waiting` and `xids` (sent once)."""
+class Agent(tcp.FakeAgent):
+    """A FakeAgent (reconnecting across addresses) whose reports carry `running`, `waiting` and
+    `xids` (sent once)."""
 
     def __init__(self, addresses: list[str], replica_id: str, pool: str = "m", region: str = "eu") -> None:
-        self.addresses = addresses
-        self.channels = [grpc.aio.insecure_channel(a) for a in addresses]
+        super().__init__(addresses, replica_id=replica_id, pool=pool, interval_s=0.1)
         self.hello = telemetry_pb2.Hello(replica_id=replica_id, pool=pool, endpoint=f"http://127.0.0.1:1/{replica_id}",
                                          region=region, zone=f"{region}-1", protocol_version=1)
         self.running = 0
         self.waiting = 0
         self.xids: list[int] = []
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
     async def _messages(self) -> AsyncIterator[telemetry_pb2.AgentMessage]:
         yield telemetry_pb2.AgentMessage(hello=self.hello)
@@ -60,34 +58,7 @@ class Agent:
                 g.xid_events.extend(self.xids)
                 self.xids = []
             yield telemetry_pb2.AgentMessage(report=r)
-            await asyncio.sleep(0.1)
-
-    async def _run(self) -> None:
-        i = 0
-        while not self._stop.is_set():
-            stub = telemetry_pb2_grpc.TelemetryStub(self.channels[i % len(self.channels)])
-            try:
-                async for _ in stub.Stream(self._messages()):
-                    pass
-            except grpc.aio.AioRpcError:
-                pass
-            i += 1
-            await asyncio.sleep(0.05)
-
-    def start(self) -> Agent:
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def close(self) -> None:
-        self._stop.set()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, grpc.aio.AioRpcError):
-                pass
-        for ch in self.channels:
-            await ch.close()
+            await asyncio.sleep(self.interval_s)
 
 
 def sel(*ids: str) -> admin_pb2.Selector:
