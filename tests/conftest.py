@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import socket
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import structlog
@@ -58,3 +59,20 @@ def _structlog_defaults() -> Iterator[None]:
     structlog.reset_defaults()
     yield
     structlog.reset_defaults()
+
+
+@pytest.fixture
+def refused_port() -> Iterator[Callable[[], int]]:
+    """Makes loopback ports that refuse connections: bound but never listening, and held until
+    the test ends, so no other process (a parallel test run) can take one and answer."""
+    held: list[socket.socket] = []
+
+    def make() -> int:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        held.append(s)
+        return int(s.getsockname()[1])
+
+    yield make
+    for s in held:
+        s.close()

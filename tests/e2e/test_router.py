@@ -6,12 +6,11 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -102,26 +101,6 @@ async def put_table(endpoint: str, pool: str, replicas: list[tuple[str, str, flo
         await store.close()
 
 
-_HELD: list[socket.socket] = []
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _close_held_ports() -> Iterator[None]:
-    yield
-    while _HELD:
-        _HELD.pop().close()
-
-
-def _refused_port() -> int:
-    # Bound but never listening: connections are refused, and no other process can take the port.
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    _HELD.append(s)
-    return int(s.getsockname()[1])
-
-
-def refused_url() -> str:
-    return f"http://127.0.0.1:{_refused_port()}"
 
 
 class RouterProc:
@@ -248,7 +227,7 @@ async def test_passthrough_openai_client_and_errors(clean_etcd, engines, start_r
         await store.close()
 
 
-async def test_weight_zero_and_refused_replica(clean_etcd, engines, start_router):
+async def test_weight_zero_and_refused_replica(refused_port, clean_etcd, engines, start_router):
     await put_table(clean_etcd, "m", [("r1", engines[0].url, 1.0), ("r2", engines[1].url, 1.0)], 1)
     router = start_router(clean_etcd)
     async with aiohttp.ClientSession() as http:
@@ -264,7 +243,8 @@ async def test_weight_zero_and_refused_replica(clean_etcd, engines, start_router
         assert served == {"r2": 20} and engines[0].count == before
 
         # a replica that refuses connections: every request still succeeds on the other one
-        await put_table(clean_etcd, "m", [("dead", refused_url(), 5.0), ("r2", engines[1].url, 1.0)], 3)
+        dead = f"http://127.0.0.1:{refused_port()}"
+        await put_table(clean_etcd, "m", [("dead", dead, 5.0), ("r2", engines[1].url, 1.0)], 3)
         await wait_generation(http, router, "m", 3)
         for _ in range(5):
             async with http.post(router.url + "/v1/chat/completions", json=CHAT) as r:
@@ -314,8 +294,8 @@ async def test_keeps_routing_when_etcd_stops(fresh_etcd, engines, start_router):
                 assert r.status == 200 and r.headers["X-Tidegate-Replica"] == "r1"
 
 
-async def test_starts_without_etcd(start_router):
-    dead = f"127.0.0.1:{_refused_port()}"
+async def test_starts_without_etcd(refused_port, start_router):
+    dead = f"127.0.0.1:{refused_port()}"
     router = start_router(dead)
     async with aiohttp.ClientSession() as http:
         status, body = await health(http, router)

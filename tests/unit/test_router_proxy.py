@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import time
-from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
@@ -69,23 +67,6 @@ class Engine:
         return web.json_response({"object": "chat.completion", "by": self.name}, headers={"X-Engine": self.name})
 
 
-_HELD: list[socket.socket] = []
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _close_held_ports() -> Iterator[None]:
-    yield
-    while _HELD:
-        _HELD.pop().close()
-
-
-def refused_url() -> str:
-    # Bound but never listening: connections are refused, and while the socket stays open no
-    # other process (a parallel test run) can take the port and answer in its place.
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    _HELD.append(s)
-    return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 class Router:
@@ -251,9 +232,9 @@ async def test_upstream_4xx_passed_through_not_retried(engines):
 # -------------------------------------------------------------------------- retries and failures
 
 
-async def test_connection_refused_retried_elsewhere(engines):
+async def test_connection_refused_retried_elsewhere(refused_port, engines):
     tables = RoutingTables()
-    set_table(tables, "m", [("dead", refused_url(), 100.0), ("b", engines[1].url, 1.0)])
+    set_table(tables, "m", [("dead", f"http://127.0.0.1:{refused_port()}", 100.0), ("b", engines[1].url, 1.0)])
     router = Router(tables)
     async with router as client:
         for _ in range(5):
@@ -278,9 +259,9 @@ async def test_5xx_retried_then_passed_through(engines):
         assert r.status == 500 and (await r.json())["error"]["message"] == "boom"
 
 
-async def test_all_refused_gives_502_and_no_retries_without_budget():
+async def test_all_refused_gives_502_and_no_retries_without_budget(refused_port):
     tables = RoutingTables()
-    set_table(tables, "m", [(f"d{i}", refused_url(), 1.0) for i in range(5)])
+    set_table(tables, "m", [(f"d{i}", f"http://127.0.0.1:{refused_port()}", 1.0) for i in range(5)])
     router = Router(tables, max_retries=2)
     async with router as client:
         r = await client.post("/v1/chat/completions", json=CHAT)
