@@ -15,12 +15,8 @@ from tidegate.store.etcd import EtcdStore
 @pytest.fixture(scope="session")
 def etcd_server() -> Iterator[EmbeddedEtcd]:
     """One etcd process for the whole session; do not stop it (use `fresh_etcd` for that)."""
-    server = EmbeddedEtcd()
-    server.start()
-    try:
+    with EmbeddedEtcd() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -44,12 +40,8 @@ async def clean_etcd(etcd_endpoint: str) -> AsyncIterator[str]:
 @pytest.fixture
 def fresh_etcd() -> Iterator[EmbeddedEtcd]:
     """A private etcd for this test only (tests that stop, kill or restart etcd)."""
-    server = EmbeddedEtcd()
-    server.start()
-    try:
+    with EmbeddedEtcd() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(autouse=True)

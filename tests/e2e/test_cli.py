@@ -14,11 +14,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import wait_until  # type: ignore[import-not-found]
 
 from tidegate.etcd_server import EmbeddedEtcd
 from tidegate.fleet import endpoints
@@ -61,7 +62,7 @@ def fleet(etcd_server: EmbeddedEtcd, tmp_path_factory: pytest.TempPathFactory
         info = fl.start()
         endpoints.write(tmp / "home" / "endpoints.json", info)
         cli = Cli(tmp / "home")
-        _wait(lambda: _states(cli) == {"replica-0": "ready", "replica-1": "ready"}, 30, "both replicas ready")
+        wait_until(lambda: _states(cli) == {"replica-0": "ready", "replica-1": "ready"}, 30, "both replicas ready")
         yield info, cli
     finally:
         fl.stop()
@@ -72,15 +73,6 @@ def uncordon_all(fleet: tuple[dict[str, Any], Cli]) -> Iterator[None]:
     yield
     _, cli = fleet
     cli("uncordon", "replica-0", "replica-1")
-
-
-def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _states(cli: Cli) -> dict[str, str]:
@@ -176,14 +168,14 @@ def test_describe(fleet: tuple[dict[str, Any], Cli]) -> None:
 def test_cordon_stops_new_requests_then_uncordon(fleet: tuple[dict[str, Any], Cli], uncordon_all: None) -> None:
     info, cli = fleet
     with Load(info["router_url"]) as load:
-        _wait(lambda: {"replica-0", "replica-1"} <= set(load.served), 20, "both replicas to serve")
+        wait_until(lambda: {"replica-0", "replica-1"} <= set(load.served), 20, "both replicas to serve")
         dry = cli("cordon", "replica-0", "--dry-run")
         assert dry.returncode == 0 and "dry run" in dry.stdout
         r = cli("cordon", "replica-0", "--reason", "kernel upgrade")
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == "replica/replica-0 cordoned"
         start = load.mark()
-        _wait(lambda: load.avoided_since(start, "replica-0", 50), 20, "requests to stop reaching replica-0")
+        wait_until(lambda: load.avoided_since(start, "replica-0", 50), 20, "requests to stop reaching replica-0")
         again = cli("cordon", "replica-0")
         assert again.returncode == 0 and "already cordoned" in again.stdout
         assert _states(cli)["replica-0"] == "cordoned"
@@ -191,7 +183,7 @@ def test_cordon_stops_new_requests_then_uncordon(fleet: tuple[dict[str, Any], Cl
         u = cli("uncordon", "replica-0")
         assert u.returncode == 0 and u.stdout.strip() == "replica/replica-0 uncordoned", u.stderr
         back = load.mark()
-        _wait(lambda: "replica-0" in load.served[back:], 20, "replica-0 to serve again")
+        wait_until(lambda: "replica-0" in load.served[back:], 20, "replica-0 to serve again")
     assert load.failed == []
 
 
@@ -317,7 +309,7 @@ def test_drain_times_out_while_a_request_is_in_flight(fleet: tuple[dict[str, Any
                                                       uncordon_all: None) -> None:
     info, cli = fleet
     assert cli("cordon", "replica-1").returncode == 0  # so the stalled request lands on replica-0
-    _wait(lambda: _states(cli)["replica-1"] == "cordoned", 10, "replica-1 cordoned")
+    wait_until(lambda: _states(cli)["replica-1"] == "cordoned", 10, "replica-1 cordoned")
     time.sleep(1.0)  # the router's table follows the leader's within its watch delay
     stalled = StalledClient(info["router_url"])
     try:
@@ -326,7 +318,7 @@ def test_drain_times_out_while_a_request_is_in_flight(fleet: tuple[dict[str, Any
         # --force: at the deadline the server marks it drained even though work is left.
         assert r.returncode == 0, r.stdout + r.stderr
         cli("uncordon", "replica-0")
-        _wait(lambda: _states(cli)["replica-0"] == "ready", 10, "replica-0 ready")
+        wait_until(lambda: _states(cli)["replica-0"] == "ready", 10, "replica-0 ready")
         r = cli("drain", "replica-0", "--timeout", "3s", "--grace-period", "0s")
         assert r.returncode == 4, r.stdout + r.stderr
         assert "timed out" in r.stderr and "replica/replica-0" in r.stderr

@@ -12,11 +12,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import wait_until  # type: ignore[import-not-found]
 
 from tidegate.fleet.up import Fleet, UpConfig
 
@@ -65,15 +66,6 @@ def _table(info: dict[str, Any]) -> dict[str, Any]:
         capture_output=True, text=True, timeout=10)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout) if out.stdout.strip() else {}
-
-
-def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
@@ -126,7 +118,7 @@ def test_dead_agent_stops_routing_to_its_replica(fleet: tuple[Fleet, dict[str, A
         entries = {r["replicaId"]: r for r in _table(info).get("replicas", [])}
         return "replica-1" not in entries or not entries["replica-1"].get("weight")
 
-    _wait(replica1_weight_zero, 20, "replica-1 to lose its weight after its agent died")
+    wait_until(replica1_weight_zero, 20, "replica-1 to lose its weight after its agent died")
     time.sleep(0.5)  # etcd -> router watch propagation
     before = _served_by_replica(info)
     for _ in range(20):
@@ -148,13 +140,13 @@ def test_router_keeps_serving_when_etcd_stops(fleet: tuple[Fleet, dict[str, Any]
 @pytest.mark.parametrize("fleet", [2], indirect=True)
 def test_standby_control_plane_takes_over(fleet: tuple[Fleet, dict[str, Any]]) -> None:
     fl, info = fleet
-    _wait(lambda: bool(_table(info).get("leaderId")), 20, "a leader to publish")
+    wait_until(lambda: bool(_table(info).get("leaderId")), 20, "a leader to publish")
     leader = _table(info)["leaderId"]
     victim = {"cp-0": "controlplane-0", "cp-1": "controlplane-1"}[leader]
     os.killpg(_child(fl, victim).pid, signal.SIGKILL)
     # The agents reconnect to the survivor; it wins the election once the dead leader's lease lapses
     # and republishes every table under its own id.
-    _wait(lambda: _table(info).get("leaderId") not in (None, "", leader), 30, "the standby to publish")
+    wait_until(lambda: _table(info).get("leaderId") not in (None, "", leader), 30, "the standby to publish")
     assert _complete(info["router_url"])["usage"]["completion_tokens"] == 4
 
 
@@ -182,7 +174,7 @@ def test_injected_gpu_fault_ejects_the_replica(gpu_fleet: tuple[Fleet, dict[str,
         e = entries.get("replica-1", {})
         return e.get("state") == "REPLICA_STATE_EJECTED" and not e.get("weight")
 
-    _wait(ejected, 20, "replica-1 to be ejected after Xid 79")
+    wait_until(ejected, 20, "replica-1 to be ejected after Xid 79")
     time.sleep(0.5)  # etcd -> router watch propagation
     before = _served_by_replica(info)
     for _ in range(10):
