@@ -134,9 +134,7 @@ def _fleet_state(weights: WeightPolicyConfig, now) -> FleetState:
 
 
 def _route_info(e) -> RouteInfo:  # e: tidegate.v1.RouteEntry
-    return RouteInfo(replica_id=e.replica_id, weight=e.weight, state=e.state, kv_free_tokens=e.kv_free_tokens,
-                     kv_capacity_tokens=e.kv_capacity_tokens, running=e.running, waiting=e.waiting,
-                     endpoint=e.endpoint)
+    return RouteInfo.from_entry(e)
 
 
 class Simulation:

@@ -40,16 +40,7 @@ def to_pool_table(pool: str, kv: KeyValue) -> PoolTable:
     msg = codec.decode(kv.value, RoutingTable)
     computed = msg.computed_at.ToMicroseconds() / 1e6 if msg.HasField("computed_at") else None
     entries = tuple(
-        RouteInfo(
-            replica_id=r.replica_id,
-            endpoint=r.endpoint.rstrip("/"),
-            weight=r.weight,
-            state=r.state,
-            kv_free_tokens=r.kv_free_tokens,
-            kv_capacity_tokens=r.kv_capacity_tokens,
-            running=r.running,
-            waiting=r.waiting,
-        )
+        RouteInfo.from_entry(r)
         for r in msg.replicas
         if r.replica_id and r.endpoint
     )

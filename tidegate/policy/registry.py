@@ -47,6 +47,21 @@ class RouteInfo:
     running: int = 0
     waiting: int = 0
     endpoint: str = ""
+    ttft_p95_ms: float = 0.0
+    itl_p95_ms: float = 0.0
+    # Fitted engine rates from the control plane (0 = unknown; see RouteEntry in records.proto).
+    prefill_tokens_per_s: float = 0.0
+    decode_step_base_ms: float = 0.0
+    decode_step_per_seq_ms: float = 0.0
+
+    @classmethod
+    def from_entry(cls, e) -> RouteInfo:
+        """From a `tidegate.v1.RouteEntry` (or anything with its field names)."""
+        return cls(replica_id=e.replica_id, weight=e.weight, state=e.state, kv_free_tokens=e.kv_free_tokens,
+                   kv_capacity_tokens=e.kv_capacity_tokens, running=e.running, waiting=e.waiting,
+                   endpoint=e.endpoint.rstrip("/"), ttft_p95_ms=e.ttft_p95_ms, itl_p95_ms=e.itl_p95_ms,
+                   prefill_tokens_per_s=e.prefill_tokens_per_s, decode_step_base_ms=e.decode_step_base_ms,
+                   decode_step_per_seq_ms=e.decode_step_per_seq_ms)
 
     @property
     def kv_usage(self) -> float:
