@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import json
+import time
+from typing import Any
 
 import aiohttp
+import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router.metrics import RouterMetrics
 from router.parse import CHAT_PATH, COMPLETIONS_PATH, error_body
 from router.proxy import Proxy, json_error
+from router.ratelog import LogRateLimiter
 from router.tables import RoutingTables
 from tidegate.policy.pick import routable
 
 MIB = 1024 * 1024
+
+log = structlog.get_logger(__name__)
 
 
 def make_session(connect_timeout_s: float, limit: int = 10_000) -> aiohttp.ClientSession:
@@ -29,21 +35,31 @@ def make_session(connect_timeout_s: float, limit: int = 10_000) -> aiohttp.Clien
     )
 
 
-@web.middleware
-async def _openai_errors(request: web.Request, handler):  # type: ignore[no-untyped-def]
-    """aiohttp's own errors (404 route, 405) answered in the OpenAI error envelope."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        kind = "invalid_request_error" if exc.status < 500 else "server_error"
-        return json_error(exc.status, exc.reason, kind)
+def _openai_errors(ratelog: LogRateLimiter) -> Any:
+    @web.middleware
+    async def middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        """aiohttp's own errors (404 route, 405) and any bug answered in the OpenAI error envelope."""
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            kind = "invalid_request_error" if exc.status < 500 else "server_error"
+            return json_error(exc.status, exc.reason, kind)
+        except (ConnectionError, TimeoutError):
+            raise  # the client is gone / aiohttp answers 504 itself (router.frontdoor's envelope)
+        except Exception as exc:
+            suppressed = ratelog.check(exc.__class__.__name__)
+            if suppressed is not None:
+                log.exception("request_handler_failed", path=request.path, suppressed=suppressed)
+            return json_error(500, "internal server error", "server_error", code="internal_error")
+
+    return middleware
 
 
 def build_app(proxy: Proxy, tables: RoutingTables, metrics: RouterMetrics, router_id: str,
               max_body_bytes: int = 4 * MIB) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[_openai_errors])
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[_openai_errors(LogRateLimiter(time.monotonic))])
 
     async def models(_: web.Request) -> web.Response:
         data = [{"id": pool, "object": "model", "created": 0, "owned_by": "tidegate"}

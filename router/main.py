@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import random
 import signal
@@ -19,8 +20,19 @@ from pydantic import Field, field_validator
 
 from router.app import MIB, build_app, make_session
 from router.budget import RetryBudget
+from router.frontdoor import (
+    LISTEN_BACKLOG,
+    FrontDoor,
+    FrontDoorLimits,
+    GuardedAppRunner,
+    RateLimitFilter,
+    fd_budget,
+    raise_nofile_limit,
+    rate_limited_exception_handler,
+)
 from router.inflight import InflightCounter
 from router.metrics import RouterMetrics
+from router.parse import DEFAULT_MAX_JSON_DEPTH
 from router.presence import PresencePublisher
 from router.proxy import Proxy, ProxySettings
 from router.tables import RoutingTables
@@ -52,6 +64,18 @@ class RouterConfig(ConfigBase, EtcdFields):
                                         description="Timeout until an engine's first body byte, seconds (504).")
     max_body_bytes: int = Field(4 * MIB, gt=0, description="Largest request body accepted (413 above).")
     max_connections: int = Field(10_000, gt=0, description="Most open connections to engines, in total.")
+    max_client_connections: int = Field(
+        8192, gt=0, description="Most open client connections; beyond, the least recently active idle one is "
+                                "closed, or the newcomer gets 503. Lowered (with engine connections) to fit "
+                                "the open-file limit.")
+    header_timeout_s: float = Field(10.0, gt=0, description="Time from a request's first byte to the end of its "
+                                                            "headers, seconds (408, then close).")
+    body_timeout_s: float = Field(30.0, gt=0, description="Time to receive a request body once its headers are in, "
+                                                          "seconds (408, then close).")
+    keepalive_timeout_s: float = Field(30.0, gt=0, description="Close a client connection idle this long between "
+                                                               "requests (or before its first), seconds.")
+    max_json_depth: int = Field(DEFAULT_MAX_JSON_DEPTH, ge=2, le=512,
+                                description="Deepest JSON nesting accepted in a request body (400 above).")
     shutdown_grace_s: float = Field(5.0, ge=0, description="On SIGTERM, how long in-flight requests may finish.")
     seed: int | None = Field(None, description="Seed of the replica picker's RNG (reproducible runs).")
     policy: str = Field("tidegate", description="Routing policy, by name: tidegate (weights from the control plane "
@@ -121,22 +145,41 @@ async def serve(cfg: RouterConfig) -> int:
     inflight = InflightCounter()
     metrics = RouterMetrics(tables, inflight, wall=time.time)
     budget = RetryBudget(time.monotonic, ratio=cfg.retry_budget_ratio)
-    session = make_session(cfg.connect_timeout_s, limit=cfg.max_connections)
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(rate_limited_exception_handler())
+    for name in ("asyncio", "aiohttp.server", "aiohttp.web", "aiohttp.client", "aiohttp.internal"):
+        logging.getLogger(name).addFilter(RateLimitFilter())
+    # Client load must never take the descriptors that etcd (the presence lease) and engines need.
+    nofile = raise_nofile_limit()
+    try:
+        max_clients, max_engine_conns = fd_budget(nofile, cfg.max_client_connections, cfg.max_connections)
+    except ValueError as exc:
+        log.error("fd_limit_too_low", error=str(exc))
+        return 2
+    if (max_clients, max_engine_conns) != (cfg.max_client_connections, cfg.max_connections):
+        log.warning("connection_limits_lowered", nofile=nofile, max_client_connections=max_clients,
+                    max_connections=max_engine_conns)
+    session = make_session(cfg.connect_timeout_s, limit=max_engine_conns)
     proxy = Proxy(tables, session, inflight, budget, metrics, random.Random(cfg.seed),
                   ProxySettings(max_retries=cfg.max_retries, first_byte_timeout_s=cfg.first_byte_timeout_s,
-                                policy=cfg.policy))
+                                policy=cfg.policy, body_timeout_s=cfg.body_timeout_s,
+                                max_json_depth=cfg.max_json_depth))
     app = build_app(proxy, tables, metrics, router_id, cfg.max_body_bytes)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=cfg.shutdown_grace_s,
-                           access_log=None)
+    door = FrontDoor(FrontDoorLimits(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
+                                     keepalive_timeout_s=cfg.keepalive_timeout_s,
+                                     max_client_connections=max_clients),
+                     on_event=lambda kind: metrics.client_connection_events.labels(kind).inc())
+    metrics.client_connections.set_function(lambda: len(door.table))
+    runner = GuardedAppRunner(app, door, handler_cancellation=True, shutdown_timeout=cfg.shutdown_grace_s,
+                              access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=4096)
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=LISTEN_BACKLOG)
     await site.start()
     port = runner.addresses[0][1]
     print(json.dumps({"event": "listening", "port": port}), flush=True)
     log.info("router_listening", host=cfg.host, port=port, etcd=",".join(cfg.etcd))
 
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -77,4 +77,10 @@ class RouterMetrics:
                                        ["replica_id", "kind"], registry=r)
         self.client_disconnects = Counter("tidegate_router_client_disconnects",
                                           "Requests the client abandoned before the end.", registry=r)
+        self.client_connection_events = Counter(
+            "tidegate_router_client_connection_events",
+            "Front-door events: idle client connections evicted, connections refused at the limit, header "
+            "timeouts, parser-level HTTP errors; by kind.", ["kind"], registry=r)
+        self.client_connections = Gauge("tidegate_router_client_connections", "Open client connections.",
+                                        registry=r)
         r.register(_StateCollector(tables, inflight, wall))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from simulator.tokens import count_chat_tokens, count_completion_prompt_tokens
@@ -15,6 +16,12 @@ from tidegate.policy.pick import RequestFeatures
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+# Deeper JSON is refused (400): Python's decoder would fail with RecursionError near 1,000
+# levels, and no OpenAI request (tool schemas included) comes close to this.
+DEFAULT_MAX_JSON_DEPTH = 64
+# A JSON escape of a UTF-16 surrogate (D800-DFFF); only bodies holding one can decode to a
+# string that is not valid Unicode (a lone surrogate), so only those are walked for it.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class BadRequest(RequestError):
@@ -58,11 +65,49 @@ def _prompt_text(payload: dict[str, Any], chat: bool) -> str:
     return ""
 
 
-def parse_request(path: str, body: bytes) -> tuple[dict[str, Any], RequestFeatures]:
+def _check_tree(payload: Any, max_depth: int, check_text: bool) -> None:
+    """Nesting depth and (when `check_text`) valid Unicode in every string, keys included;
+    iterative, so no input can exhaust the stack."""
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth > max_depth:
+                raise BadRequest(f"request JSON is nested deeper than {max_depth} levels")
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, value in items:
+                if check_text and isinstance(key, str):
+                    stack.append((key, depth))
+                stack.append((value, depth + 1))
+        elif check_text and isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest("request JSON holds a string that is not valid Unicode "
+                                 "(a lone UTF-16 surrogate escape)") from None
+
+
+def decode_json(body: bytes, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:
+    """The body as JSON, or BadRequest: invalid JSON or UTF-8, nesting deeper than `max_depth`,
+    strings that are not valid Unicode. Never any other exception."""
     try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        # Decoded here rather than by json.loads, which would also take UTF-16/32 bodies.
+        payload = json.loads(body.decode("utf-8"))
+    except RecursionError:
+        raise BadRequest(f"request JSON is nested deeper than {max_depth} levels") from None
+    except ValueError:  # UnicodeDecodeError included
         raise BadRequest("request body is not valid JSON") from None
+    # A document can only be deeper than the count of its brackets: most bodies skip the walk.
+    deep = body.count(b"[") + body.count(b"{") > max_depth
+    check_text = _SURROGATE_ESCAPE.search(body) is not None
+    if deep or check_text:
+        _check_tree(payload, max_depth, check_text)
+    return payload
+
+
+def parse_request(path: str, body: bytes,
+                  max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> tuple[dict[str, Any], RequestFeatures]:
+    payload = decode_json(body, max_depth)
     if not isinstance(payload, dict):
         raise BadRequest("request body must be a JSON object")
     model = payload.get("model")

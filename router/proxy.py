@@ -34,7 +34,8 @@ from multidict import CIMultiDict
 from router.budget import RetryBudget
 from router.inflight import InflightCounter
 from router.metrics import RouterMetrics
-from router.parse import BadRequest, error_body, parse_request, request_prefix_hashes
+from router.parse import DEFAULT_MAX_JSON_DEPTH, BadRequest, error_body, parse_request, request_prefix_hashes
+from router.refusals import ConnectRefusals
 from router.tables import PoolTable, RoutingTables
 from tidegate.policy import registry
 from tidegate.policy.pick import RequestFeatures
@@ -61,6 +62,8 @@ class ProxySettings:
     max_retries: int = 2
     first_byte_timeout_s: float = 60.0
     policy: str = "tidegate"        # a name in tidegate.policy.registry
+    body_timeout_s: float = 30.0    # to read a request's whole body once its headers are in (408)
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,7 @@ class Proxy:
         self._rng = rng
         self._settings = settings
         self._clock = clock
+        self._refusals = ConnectRefusals(clock)
         # One policy instance per pool: router-local state (cursors, prefix trees) is per pool.
         self._policies: dict[str, registry.Policy] = {}
 
@@ -145,12 +149,24 @@ class Proxy:
 
     async def _handle(self, request: web.Request, t0: float) -> web.StreamResponse:
         try:
-            body = await request.read()
+            async with asyncio.timeout(self._settings.body_timeout_s):
+                body = await request.read()
         except web.HTTPRequestEntityTooLarge as exc:
             return json_error(413, exc.text or "request body too large", "invalid_request_error",
                               code="request_too_large")
+        except TimeoutError:
+            # The rest of the body may never come (a Content-Length longer than the body): answer
+            # and close rather than wait for it.
+            resp = json_error(408, "request body not received in time", "invalid_request_error",
+                              code="body_timeout")
+            resp.force_close()
+            await resp.prepare(request)
+            await resp.write_eof()
+            if request.transport is not None:  # else aiohttp lingers, reading what may never come
+                request.transport.close()
+            return resp
         try:
-            payload, features = parse_request(request.path, body)
+            payload, features = parse_request(request.path, body, self._settings.max_json_depth)
         except BadRequest as exc:
             return json_error(400, str(exc), "invalid_request_error", param=exc.param)
         if not self._tables.synced.is_set():
@@ -173,9 +189,16 @@ class Proxy:
         policy = self._policy(table.pool)
         req = registry.RequestFeatures(prompt_tokens=features.prompt_tokens, max_tokens=features.max_tokens,
                                        prefix_hashes=features.prefix_hashes)
+        avoid = self._refusals.avoided()
         while True:
-            snapshot = registry.PoolSnapshot(table.entries, self._inflight.snapshot(), frozenset(tried))
-            choice = policy.pick(snapshot, req, self._rng)
+            inflight = self._inflight.snapshot()
+            choice = None
+            if avoid:
+                choice = policy.pick(registry.PoolSnapshot(table.entries, inflight, avoid.union(tried)), req,
+                                     self._rng)
+            if choice is None:
+                choice = policy.pick(registry.PoolSnapshot(table.entries, inflight, frozenset(tried)), req,
+                                     self._rng)
             if choice is None:
                 break
             if failure is not None:  # this would be a retry
@@ -195,8 +218,11 @@ class Proxy:
                 self._inflight.release(choice.replica_id)
                 registry.notify(policy, "on_complete", req, choice.replica_id)
             if isinstance(result, web.StreamResponse):
+                self._refusals.succeeded(choice.replica_id)
                 return result
             failure = result
+            if failure.kind == "connect":
+                self._refusals.refused(choice.replica_id)
             self._metrics.upstream_errors.labels(choice.replica_id, failure.kind).inc()
             log.warning("upstream_attempt_failed", pool=table.pool, replica_id=choice.replica_id,
                         kind=failure.kind, status=failure.status, attempt=len(tried), error=failure.message)

@@ -1,0 +1,314 @@
+"""The router's front door: what hostile or broken clients can and cannot do to it.
+
+aiohttp alone has no request-header timeout, no connection limit and answers parser-level
+errors (bad request line, oversized header) with a plain-text page and a logged traceback.
+Here, on top of aiohttp's own protocol:
+
+- **Header timeout.** From the first byte of a request to the end of its headers at most
+  `header_timeout_s`; then 408 (OpenAI error body) and close. A slowloris client dies there.
+- **Keep-alive idle timeout.** aiohttp's `keepalive_timeout`, also armed at accept, so a
+  connection that never sends anything is closed too.
+- **Body timeout** (`body_timeout_s`): applied where the body is read (router.proxy).
+- **Connection limit** (`max_client_connections`). A new connection beyond the limit first
+  evicts the least recently active connection that is waiting for a request (idle keep-alive,
+  never used, or still sending headers) -- like nginx's reusable-connection queue, so idle
+  attackers cannot lock real clients out. Only when every connection has a request in progress
+  is the newcomer refused: a fixed 503 with an OpenAI error body, then close, without reading
+  or parsing anything.
+- **Every error in the OpenAI envelope**, parser-level ones included, logged with a rate limit.
+
+The accept loop of asyncio takes up to `LISTEN_BACKLOG` sockets before our code sees any, so
+the process's descriptor budget keeps that many spare (`fd_budget`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import resource
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import structlog
+from aiohttp import web, web_protocol
+from aiohttp.http_exceptions import LineTooLong
+
+from router.parse import error_body
+from router.ratelog import LogRateLimiter
+
+log = structlog.get_logger(__name__)
+
+LISTEN_BACKLOG = 1024
+# Descriptors beyond clients and engines: etcd channels, logs, the event loop, the listener,
+# plus one burst of accepted sockets (see the module docstring).
+FD_RESERVE = LISTEN_BACKLOG + 256
+# How many least-recently-active connections one newcomer may look at for an idle one.
+EVICT_SCAN = 64
+
+C = TypeVar("C", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class FrontDoorLimits:
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keepalive_timeout_s: float = 30.0
+    max_client_connections: int = 8192
+
+
+class ConnectionTable(Generic[C]):
+    """Open client connections in least-recently-active order. Pure bookkeeping."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self.limit = limit
+        self._conns: OrderedDict[C, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._conns)
+
+    def add(self, conn: C) -> None:
+        self._conns[conn] = None
+
+    def touch(self, conn: C) -> None:
+        if conn in self._conns:
+            self._conns.move_to_end(conn)
+
+    def remove(self, conn: C) -> bool:
+        return self._conns.pop(conn, 0) is None
+
+    def make_room(self, is_idle: Callable[[C], bool]) -> tuple[bool, C | None]:
+        """Before adding a connection: (admit?, a connection to close to make room). Below the
+        limit: (True, None). At it: the least recently active idle connection is removed and
+        returned; when none of the EVICT_SCAN oldest is idle: (False, None)."""
+        if len(self._conns) < self.limit:
+            return True, None
+        for _ in range(min(EVICT_SCAN, len(self._conns))):
+            conn = next(iter(self._conns))
+            if is_idle(conn):
+                del self._conns[conn]
+                return True, conn
+            self._conns.move_to_end(conn)  # busy: look at it again only after the others
+        return False, None
+
+
+def canned_response(status: int, reason: str, message: str, type_: str, code: str,
+                    headers: tuple[tuple[str, str], ...] = ()) -> bytes:
+    """A complete HTTP/1.1 response with an OpenAI error body that closes the connection,
+    written straight to a transport (no request was parsed)."""
+    body = json.dumps(error_body(message, type_, None, code)).encode()
+    head = [f"HTTP/1.1 {status} {reason}", "Content-Type: application/json",
+            f"Content-Length: {len(body)}", "Connection: close", *(f"{k}: {v}" for k, v in headers)]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+BUSY_RESPONSE = canned_response(503, "Service Unavailable", "the router has too many open connections",
+                                "service_unavailable", "too_many_connections", (("Retry-After", "1"),))
+HEADER_TIMEOUT_RESPONSE = canned_response(408, "Request Timeout", "request headers not received in time",
+                                          "invalid_request_error", "header_timeout")
+
+
+def fd_budget(nofile: int, clients: int, engines: int, reserve: int = FD_RESERVE) -> tuple[int, int]:
+    """(client connections, engine connections) that fit in `nofile` descriptors with `reserve`
+    spare, so client load can never starve etcd or the engines of descriptors. Scaled down in
+    proportion when the configured limits do not fit. Raises ValueError when nothing fits."""
+    avail = nofile - reserve
+    if avail < 2:
+        raise ValueError(f"the open-file limit ({nofile}) leaves no room for connections "
+                         f"({reserve} descriptors are kept in reserve); raise `ulimit -n`")
+    if clients + engines <= avail:
+        return clients, engines
+    scale = avail / (clients + engines)
+    return max(1, int(clients * scale)), max(1, int(engines * scale))
+
+
+def raise_nofile_limit() -> int:
+    """Lift the soft RLIMIT_NOFILE to the hard limit; returns the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+class FrontDoor:
+    """Shared state of the guarded server: the connection table, counters, the log limiter."""
+
+    def __init__(self, limits: FrontDoorLimits, on_event: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self.table: ConnectionTable[GuardedRequestHandler] = ConnectionTable(limits.max_client_connections)
+        self._on_event = on_event or (lambda _kind: None)
+        self._ratelog = LogRateLimiter(clock)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Counts an event and logs it, at most once per interval per kind."""
+        self._on_event(kind)
+        suppressed = self._ratelog.check(kind)
+        if suppressed is not None:
+            log.warning("client_connection_" + kind, suppressed=suppressed, **fields)
+
+
+class _Refuse(asyncio.Protocol):
+    """The connection beyond the limit: one fixed answer, then close."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(BUSY_RESPONSE)
+        transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        pass  # never parsed
+
+
+def _parse_error(exc: BaseException | None) -> tuple[str, str]:
+    if isinstance(exc, LineTooLong):
+        return "request line or header field too long", "header_too_large"
+    return "malformed HTTP request", "malformed_request"
+
+
+class GuardedRequestHandler(web_protocol.RequestHandler):
+    """aiohttp's protocol with a header timeout, LRU bookkeeping and OpenAI error bodies."""
+
+    def __init__(self, manager: web.Server, *, door: FrontDoor, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._door = door
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def waiting_for_request(self) -> bool:
+        """No request being handled: idle, or its next request's headers still coming."""
+        waiter = self._waiter
+        return waiter is not None and not waiter.done()
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def data_received(self, data: bytes) -> None:
+        self._door.table.touch(self)
+        if self._header_timer is None and self._current_request is None:
+            self._header_timer = self._loop.call_later(self._door.limits.header_timeout_s, self._header_timeout)
+        super().data_received(data)
+        if self._header_timer is not None and (self._messages or not self.waiting_for_request):
+            self._cancel_header_timer()  # a whole request (or a parse error) is in
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        transport = self.transport
+        if transport is None or not self.waiting_for_request or self._messages:
+            return  # a request is being handled: the body timeout and first-byte timeout apply
+        self._door.event("header_timeout")
+        transport.write(HEADER_TIMEOUT_RESPONSE)
+        self.force_close()
+
+    def evict(self) -> None:
+        """Closed to make room for a new connection; it had no request in progress."""
+        self._cancel_header_timer()
+        self.force_close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._cancel_header_timer()
+        self._door.table.remove(self)
+        super().connection_lost(exc)
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """Replaces aiohttp's plain-text page (and its traceback in the log) for parser errors,
+        unhandled handler errors (500) and handler timeouts (504)."""
+        self._cancel_header_timer()
+        if request.writer.output_size > 0:  # as aiohttp: some answer is out, the connection is broken
+            raise ConnectionError("response already started; cannot send an error response")
+        if status == 400:
+            text, code = _parse_error(exc)
+            kind = "invalid_request_error"
+        elif status == 504:
+            text, code, kind = "the request timed out", "timeout", "server_error"
+        else:
+            text, code, kind = "internal server error", "internal_error", "server_error"
+        self._door.event("http_error", status=status, code=code,
+                         error=exc.__class__.__name__ if exc is not None else None)
+        resp = web.Response(status=status, text=json.dumps(error_body(text, kind, None, code)),
+                            content_type="application/json")
+        resp.force_close()
+        return resp
+
+
+class _GuardedServer(web.Server):
+    """aiohttp's low-level server, making guarded protocols (or refusals) per connection."""
+
+    def __init__(self, base: web.Server, door: FrontDoor) -> None:
+        super().__init__(base.request_handler, request_factory=base.request_factory,
+                         handler_cancellation=base.handler_cancellation, loop=asyncio.get_running_loop(),
+                         **base._kwargs)
+        self._door = door
+
+    def __call__(self) -> Any:
+        door = self._door
+        admit, victim = door.table.make_room(lambda h: h.waiting_for_request)
+        if victim is not None:
+            victim.evict()
+            door.event("evicted")
+        if not admit:
+            door.event("refused", limit=door.table.limit)
+            return _Refuse()
+        handler = GuardedRequestHandler(self, door=door, loop=self._loop, **self._kwargs)
+        door.table.add(handler)
+        return handler
+
+
+class GuardedAppRunner(web.AppRunner):
+    """An AppRunner whose server is guarded by `door` (keep-alive timeout from its limits)."""
+
+    def __init__(self, app: web.Application, door: FrontDoor, **kwargs: Any) -> None:
+        super().__init__(app, keepalive_timeout=door.limits.keepalive_timeout_s, **kwargs)
+        self._door = door
+
+    async def _make_server(self) -> web.Server:
+        return _GuardedServer(await super()._make_server(), self._door)
+
+
+class RateLimitFilter(logging.Filter):
+    """For stdlib loggers that libraries write to (asyncio, aiohttp): one line per message
+    template per interval, the next one saying how many were dropped."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, interval_s: float = 10.0) -> None:
+        super().__init__()
+        self._limiter = LogRateLimiter(clock, interval_s)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        suppressed = self._limiter.check(f"{record.name}:{record.msg}")
+        if suppressed is None:
+            return False
+        if suppressed:
+            record.msg = f"{record.msg} ({suppressed} similar lines suppressed)"
+        return True
+
+
+def rate_limited_exception_handler(clock: Callable[[], float] = time.monotonic,
+                                   interval_s: float = 10.0) -> Callable[[asyncio.AbstractEventLoop, dict[str, Any]],
+                                                                         None]:
+    """An event-loop exception handler (e.g. 'socket.accept() out of system resource') that
+    logs each message at most once per interval, without the traceback every time."""
+    limiter = LogRateLimiter(clock, interval_s)
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        message = str(context.get("message", "unhandled exception in event loop"))
+        suppressed = limiter.check(message)
+        if suppressed is None:
+            return
+        exc = context.get("exception")
+        log.error("event_loop_error", message=message, suppressed=suppressed,
+                  error=exc.__class__.__name__ if exc is not None else None, detail=str(exc) if exc else None)
+
+    return handler
