@@ -4,10 +4,24 @@ Each run replays the same requests through fresh replicas, agents, control plane
 (fleetsim.sim), prints one table line and, with --json, writes {"runs": [...]} (fleetsim.results).
 
 Load: `--load X[,Y...]` scales arrivals to X times the fleet's estimated capacity
-(tidegate.fleet.capacity, Little's law on each profile and the workload's mean lengths, summed
-over the replicas); `--rate-scale X` compresses the trace's own arrival times X-fold instead;
-neither: the trace's own rate (synthetic: `--rate`). `--duration S` keeps the requests arriving
-in the first S seconds after scaling; every kept request then runs to completion.
+(fleetsim.capacity: the saturation throughput of each profile measured by a short closed-loop
+simulation on the workload's own lengths, times its replicas); `--rate-scale X` compresses the
+trace's own arrival times X-fold instead; neither: the trace's own rate (synthetic: `--rate`).
+`--max-requests M` replays only the first M requests; `--duration S` keeps the requests arriving
+in the first S seconds after scaling (with --find-capacity: at load 1.0, so that every rate
+replays the same requests); every kept request then runs to completion.
+
+Routers: `--routers 1,4` runs each configuration with 1 and with 4 routers (fleetsim.sim),
+requests spread over them by `--router-spread rr` (default: round-robin, what a Kubernetes
+Service or L4 balancer does in front of stateless routers, and the hard case for router-local
+state) or `hash` (a session key, the first prefix hash, pins one client's prefix-sharing traffic
+to one router).
+
+SLO capacity: `--find-capacity` searches, per policy and router count, the highest offered rate
+at which at least `--attainment` of the requests meet both SLOs (fleetsim.capacity.search_capacity:
+bracketing from load 1.0 by factors of 1.3, then bisection to within 2% of the rate; the same
+requests with arrival times compressed). `--seeds K` repeats every run with seeds seed..seed+K-1
+and reports the mean and the spread; `--jobs J` runs J searches (or runs) in parallel processes.
 
 SLO units: `--slo-ttft` and `--slo-tpot` take a unit suffix, `s` or `ms` ("2s", "2000ms",
 "100ms", "0.1s"); a bare number is seconds for --slo-ttft and milliseconds for --slo-tpot.
@@ -17,17 +31,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import structlog
 from pydantic import Field, field_validator
 
+from fleetsim import capacity as saturation
 from fleetsim import results, workload
-from fleetsim.sim import SimConfig, Simulation
+from fleetsim.sim import ROUTER_SPREADS, SimConfig, Simulation
 from simulator.profiles import Profile, ProfileError, get_profile
 from tidegate import logs
 from tidegate.config import ConfigBase, ConfigError, add_flags, load
@@ -78,9 +95,21 @@ class SimulateConfig(ConfigBase):
     propagation_ms: float = Field(5.0, ge=0, description="etcd propagation delay of a routing table, ms.")
     hop_ms: float = Field(0.0, ge=0, description="Client-router-engine transport each way, ms (0: ideal network); "
                                                  "scripts/crosscheck_live_vs_sim.py measures it on a live fleet.")
-    scrape_ms: float | None = Field(None, gt=0, description="Let the router poll every engine's queue and KV "
-                                                           "itself every N ms (llm-d's EPP: 50); policies reading "
-                                                           "them then see these instead of the table's.")
+    scrape_ms: float | None = Field(None, gt=0, description="Let every router poll every engine's queue and KV "
+                                                           "itself every N ms, whatever the policy (default: only "
+                                                           "policies that scrape as deployed do: llmd, 50 ms).")
+    routers: tuple[int, ...] = Field((1,), description="Routers, each with its own policy instance, in-flight "
+                                                      "counts and table; comma-separated for one run set per "
+                                                      "count (e.g. 1,4).")
+    router_spread: str = Field("rr", description="How requests reach the routers: rr (round-robin, like an L4 "
+                                                 "balancer) or hash (by session key: the first prefix hash).")
+    max_requests: int | None = Field(None, ge=1, description="Replay only the first M requests of the trace.")
+    find_capacity: bool = Field(False, description="Per policy and router count, search the highest offered rate "
+                                                   "meeting --attainment (adds 'capacity' to the JSON).")
+    attainment: float = Field(0.95, gt=0, le=1, description="Target SLO attainment of --find-capacity.")
+    seeds: int = Field(1, ge=1, description="Repeat every run with seeds seed..seed+K-1; capacities are reported "
+                                            "as mean and spread.")
+    jobs: int = Field(1, ge=1, description="Parallel worker processes (one run, or one capacity search, each).")
     json_path: Path | None = Field(None, description="Write {'runs': [...]} to this file.")
     plot: Path | None = Field(None, description="Write PNG plots to this directory (needs matplotlib: "
                                                 "pip install 'tidegate[plot]').")
@@ -94,6 +123,25 @@ class SimulateConfig(ConfigBase):
     @classmethod
     def _names(cls, v: Any) -> tuple[str, ...]:
         return _split(v)
+
+    @field_validator("routers", mode="before")
+    @classmethod
+    def _router_counts(cls, v: Any) -> tuple[int, ...]:
+        return tuple(int(x) for x in _split(v)) if isinstance(v, (str, list)) else v
+
+    @field_validator("routers")
+    @classmethod
+    def _routers_positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or any(x < 1 for x in v):
+            raise ValueError("every router count must be >= 1")
+        return v
+
+    @field_validator("router_spread")
+    @classmethod
+    def _spread(cls, v: str) -> str:
+        if v not in ROUTER_SPREADS:
+            raise ValueError(f"must be one of {', '.join(ROUTER_SPREADS)}")
+        return v
 
     @field_validator("load")
     @classmethod
@@ -180,6 +228,7 @@ def policy_names(specs: Sequence[str]) -> list[str]:
 
 
 def fleet_capacity_rps(profiles: Sequence[Profile], reqs: Sequence[workload.SimRequest]) -> float:
+    """The former estimate (Little's law on mean lengths, tidegate.fleet.capacity), for comparison."""
     trace = workload.as_trace(reqs)
     groups: dict[str, tuple[Profile, int]] = {}
     for p in profiles:
@@ -189,49 +238,157 @@ def fleet_capacity_rps(profiles: Sequence[Profile], reqs: Sequence[workload.SimR
 
 def base_requests(cfg: SimulateConfig) -> list[workload.SimRequest]:
     if cfg.trace is not None:
-        return workload.load(cfg.trace)
-    spec = workload.SyntheticSpec(arrivals=cfg.workload, rate_rps=cfg.rate, requests=cfg.requests,
-                                  burstiness=cfg.burstiness, lengths=cfg.lengths, prompt_mean=cfg.prompt_mean,
-                                  output_mean=cfg.output_mean)
-    return workload.synthetic(spec, cfg.seed)
+        reqs = workload.load(cfg.trace)
+    else:
+        spec = workload.SyntheticSpec(arrivals=cfg.workload, rate_rps=cfg.rate, requests=cfg.requests,
+                                      burstiness=cfg.burstiness, lengths=cfg.lengths, prompt_mean=cfg.prompt_mean,
+                                      output_mean=cfg.output_mean)
+        reqs = workload.synthetic(spec, cfg.seed)
+    return reqs[:cfg.max_requests] if cfg.max_requests is not None else reqs
+
+
+def _slos(cfg: SimulateConfig) -> tuple[float, float]:
+    return parse_duration(cfg.slo_ttft, "s"), parse_duration(cfg.slo_tpot, "ms")
+
+
+def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
+    return SimConfig(report_interval_s=cfg.report_interval_s, tick_s=cfg.tick_s,
+                     propagation_s=cfg.propagation_ms / 1000.0, hop_s=cfg.hop_ms / 1000.0,
+                     record_samples=cfg.plot is not None,
+                     scrape_interval_s=None if cfg.scrape_ms is None else cfg.scrape_ms / 1000.0,
+                     routers=routers, router_spread=cfg.router_spread)
+
+
+def simulate_once(profiles: Sequence[Profile], policy: str, reqs: Sequence[workload.SimRequest], sim_cfg: SimConfig,
+                  seed: int, *, load: float | None, slo: tuple[float, float]) -> tuple[dict[str, Any], Any]:
+    """One run: (summary, SimResult). Every router gets its own fresh policy instance."""
+    t0 = time.perf_counter()
+    pols = [registry.create(policy) for _ in range(sim_cfg.routers)]
+    result = Simulation(profiles, pols, reqs, sim_cfg, seed=seed).run()
+    wall = time.perf_counter() - t0
+    summary = results.summarize(result, policy=policy, load=load, slo_ttft_s=slo[0], slo_tpot_s=slo[1], wall_s=wall,
+                                routers=sim_cfg.routers, seed=seed)
+    log.info("run_done", policy=policy, load=load, routers=sim_cfg.routers, seed=seed, requests=len(reqs),
+             wall_s=round(wall, 2), virtual_s=summary["makespan_s"])
+    return summary, result
+
+
+def _summary_only(args: tuple) -> dict[str, Any]:
+    profiles, policy, reqs, sim_cfg, seed, load, slo = args
+    return simulate_once(profiles, policy, reqs, sim_cfg, seed, load=load, slo=slo)[0]
+
+
+def _search(args: tuple) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One policy's SLO-capacity search at one router count and seed: (capacity row, its runs)."""
+    profiles, policy, base, cap, sim_cfg, seed, slo, target = args
+    native = workload.native_rate(base)
+    runs: list[dict[str, Any]] = []
+
+    def measure(x: float) -> float:
+        reqs = workload.scale_arrivals(base, x * cap / native)
+        summary = simulate_once(profiles, policy, reqs, sim_cfg, seed, load=round(x, 4), slo=slo)[0]
+        runs.append(summary)
+        return summary["slo_attainment"]
+
+    found = saturation.search_capacity(measure, target)
+    rate = found.load * cap
+    row = {"policy": policy, "routers": sim_cfg.routers, "seed": seed, "slo_capacity_rps": round(rate, 3),
+           "load": round(found.load, 4), "attainment": round(found.attainment, 4), "runs": len(found.probes),
+           "capped": found.capped}
+    return row, runs
+
+
+def _pool_map(fn, tasks: list[tuple], jobs: int) -> list:
+    if jobs <= 1 or len(tasks) <= 1:
+        return [fn(t) for t in tasks]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+        return list(pool.map(fn, tasks))
+
+
+def _seeds(cfg: SimulateConfig) -> list[int]:
+    return [cfg.seed + i for i in range(cfg.seeds)]
+
+
+def estimate_capacity(profiles: Sequence[Profile], reqs: Sequence[workload.SimRequest], seed: int = 0) -> dict:
+    """Load 1.0 in requests/s (closed loop), with the former formula beside it."""
+    fleet = saturation.fleet_saturation_rps(profiles, reqs, seed)
+    return {"method": "closed_loop", "fleet_rps": round(fleet, 3),
+            "littles_law_rps": round(fleet_capacity_rps(profiles, reqs), 3)}
 
 
 def run_matrix(cfg: SimulateConfig, profiles: list[Profile], policies: list[str],
-               base: list[workload.SimRequest], *, on_run=None) -> list[dict[str, Any]]:
-    """Every (load, policy) run; `on_run(summary, result)` after each."""
+               base: list[workload.SimRequest], *, on_run=None, estimate: dict | None = None) -> list[dict[str, Any]]:
+    """Every (load, router count, policy, seed) run; `on_run(summary, result)` after each (in process)."""
     if cfg.load and cfg.rate_scale is not None:
         raise ValueError("give --load or --rate-scale, not both")
-    slo_ttft, slo_tpot = parse_duration(cfg.slo_ttft, "s"), parse_duration(cfg.slo_tpot, "ms")
+    slo = _slos(cfg)
     native = workload.native_rate(base)
-    cap = fleet_capacity_rps(profiles, base)
+    cap = (estimate or estimate_capacity(profiles, base))["fleet_rps"]
     if cfg.load:
         plan = [(x, x * cap / native) for x in cfg.load]
     elif cfg.rate_scale is not None:
         plan = [(round(cfg.rate_scale * native / cap, 4), cfg.rate_scale)]
     else:
         plan = [(round(native / cap, 4), 1.0)]
-    sim_cfg = SimConfig(report_interval_s=cfg.report_interval_s, tick_s=cfg.tick_s,
-                        propagation_s=cfg.propagation_ms / 1000.0, hop_s=cfg.hop_ms / 1000.0,
-                        record_samples=cfg.plot is not None,
-                        scrape_interval_s=None if cfg.scrape_ms is None else cfg.scrape_ms / 1000.0)
-    runs = []
+    tasks = []
     for load_x, factor in plan:
         reqs = workload.cut(workload.scale_arrivals(base, factor), cfg.duration)
         if not reqs:
             raise ValueError(f"no request arrives within --duration {cfg.duration} s at load {load_x}")
-        offered = workload.native_rate(reqs)
-        for name in policies:
-            t0 = time.perf_counter()
-            result = Simulation(profiles, registry.create(name), reqs, sim_cfg, seed=cfg.seed).run()
-            wall = time.perf_counter() - t0
-            summary = results.summarize(result, policy=name, load=load_x, slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot,
-                                        offered_rps=offered, wall_s=wall)
-            log.info("run_done", policy=name, load=load_x, requests=len(reqs), wall_s=round(wall, 2),
-                     virtual_s=summary["makespan_s"])
-            runs.append(summary)
-            if on_run is not None:
-                on_run(summary, result)
+        for n in cfg.routers:
+            sim_cfg = _sim_config(cfg, n)
+            for name in policies:
+                for seed in _seeds(cfg):
+                    tasks.append((profiles, name, reqs, sim_cfg, seed, load_x, slo))
+    if on_run is None:
+        return _pool_map(_summary_only, tasks, cfg.jobs)
+    runs = []
+    for profiles_, name, reqs, sim_cfg, seed, load_x, slo_ in tasks:
+        summary, result = simulate_once(profiles_, name, reqs, sim_cfg, seed, load=load_x, slo=slo_)
+        runs.append(summary)
+        on_run(summary, result)
     return runs
+
+
+def find_capacity(cfg: SimulateConfig, profiles: list[Profile], policies: list[str],
+                  base: list[workload.SimRequest], *, estimate: dict | None = None
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(capacity rows, every run made): one row per (policy, router count), seeds aggregated."""
+    if cfg.load or cfg.rate_scale is not None:
+        raise ValueError("--find-capacity chooses the rates itself: leave out --load and --rate-scale")
+    cap = (estimate or estimate_capacity(profiles, base))["fleet_rps"]
+    if cfg.duration is not None:
+        base = workload.cut(workload.scale_arrivals(base, cap / workload.native_rate(base)), cfg.duration)
+        if len(base) < 2:
+            raise ValueError(f"fewer than 2 requests arrive within --duration {cfg.duration} s at load 1.0")
+    slo = _slos(cfg)
+    tasks = [(profiles, name, base, cap, _sim_config(cfg, n), seed, slo, cfg.attainment)
+             for n in cfg.routers for name in policies for seed in _seeds(cfg)]
+    found = _pool_map(_search, tasks, cfg.jobs)
+    runs = [r for _, rs in found for r in rs]
+    return aggregate_capacity([row for row, _ in found], cap), runs
+
+
+def aggregate_capacity(rows: list[dict[str, Any]], cap: float) -> list[dict[str, Any]]:
+    """One row per (policy, routers): the mean over seeds, with the spread when there are several."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["policy"], r["routers"]), []).append(r)
+    out = []
+    for (policy, routers), rs in groups.items():
+        rates = [r["slo_capacity_rps"] for r in rs]
+        mean = statistics.fmean(rates)
+        row: dict[str, Any] = {
+            "policy": policy, "routers": routers, "slo_capacity_rps": round(mean, 3),
+            "load": round(mean / cap, 4) if cap > 0 else 0.0,
+            "attainment": round(statistics.fmean(r["attainment"] for r in rs), 4),
+            "capped": any(r["capped"] for r in rs), "seeds": [r["seed"] for r in rs],
+        }
+        if len(rs) > 1:
+            row.update(slo_capacity_rps_min=min(rates), slo_capacity_rps_max=max(rates),
+                       slo_capacity_rps_stdev=round(statistics.stdev(rates), 3))
+        out.append(row)
+    return out
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -260,16 +417,27 @@ def run(args: argparse.Namespace) -> int:
             from fleetsim import plot
 
             plotter = plot.Plotter(cfg.plot)  # raises PlotUnavailableError without matplotlib
+        if plotter is not None and (cfg.jobs > 1 or cfg.find_capacity):
+            raise ValueError("--plot draws a --load sweep in this process: leave out --jobs and --find-capacity")
         base = base_requests(cfg)
-        runs = run_matrix(cfg, profiles, policies, base,
-                          on_run=(plotter.add if plotter is not None else None))
+        estimate = estimate_capacity(profiles, base)
+        log.info("capacity_estimate", **estimate)
+        out: dict[str, Any] = {"capacity_estimate": estimate}
+        if cfg.find_capacity:
+            out["capacity"], runs = find_capacity(cfg, profiles, policies, base, estimate=estimate)
+        else:
+            runs = run_matrix(cfg, profiles, policies, base, estimate=estimate,
+                              on_run=(plotter.add if plotter is not None else None))
     except (ValueError, ProfileError, TraceError, registry.UnknownPolicyError) as exc:
         print(f"tidegate simulate: {exc}", file=sys.stderr)
         return 2
     print(results.render(runs))
+    if "capacity" in out:
+        print()
+        print(results.render_capacity(out["capacity"]))
     if cfg.json_path is not None:
         cfg.json_path.parent.mkdir(parents=True, exist_ok=True)
-        cfg.json_path.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+        cfg.json_path.write_text(json.dumps({"runs": runs, **out}, indent=2) + "\n")
     if plotter is not None:
         for path in plotter.finish():
             print(f"wrote {path}")

@@ -2,8 +2,13 @@
 
 - A request meets the SLO when it was served, its TTFT <= slo_ttft and its TPOT (mean time per
   output token after the first) <= slo_tpot; a one-token answer has no TPOT and only needs TTFT.
-- slo_attainment = met / all requests (rejected and unfinished ones count as missed); per class too.
-- goodput_rps = met / arrival span (first to last arrival; the run's length when that is 0).
+- slo_attainment = met / servable requests (rejected and unfinished ones count as missed); per
+  class too. Requests no replica could ever serve (prompt + output beyond the context, or a
+  prompt beyond the KV cache) are client errors (HTTP 400 from a real router): counted apart in
+  `client_errors` and left out of the attainment denominator, since no routing can meet them.
+- offered_rps = requests / arrival span, goodput_rps = met / arrival span, throughput_rps =
+  completed / arrival span: one denominator (first to last arrival; the run's length when 0).
+- prefix_hit_rate = prompt tokens served from the prefix cache / prompt tokens, over served requests.
 - queue_ms = arrival to the engine step that first schedules the request.
 - utilisation = time the engine spent in steps / the run (first arrival to last completion).
 """
@@ -13,17 +18,22 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from fleetsim.sim import SimResult, makespan
+from fleetsim.sim import CLIENT_ERROR, SimResult, makespan
 from tidegate.fleet.report import summary_ms
 
 
 def summarize(result: SimResult, *, policy: str, load: float | None, slo_ttft_s: float, slo_tpot_s: float,
-              offered_rps: float, wall_s: float | None = None) -> dict[str, Any]:
+              wall_s: float | None = None, **extra: Any) -> dict[str, Any]:
+    """`extra` (e.g. routers=4) is added to the summary as given."""
     recs = result.records
     served = [r for r in recs if r.finish_s is not None]
     met_by_class: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     met = 0
+    client_errors = 0
     for r in recs:
+        if r.rejected == CLIENT_ERROR:
+            client_errors += 1
+            continue
         ok = False
         if r.finish_s is not None:
             ttft, tpot = r.ttft_s, r.tpot_s
@@ -39,20 +49,24 @@ def summarize(result: SimResult, *, policy: str, load: float | None, slo_ttft_s:
         span = run_s
     rejected: dict[str, int] = defaultdict(int)
     for r in recs:
-        if r.rejected:
+        if r.rejected and r.rejected != CLIENT_ERROR:
             rejected[r.rejected] += 1
+    judged = len(recs) - client_errors
+    prompt = sum(r.req.prompt_tokens for r in served)
     out: dict[str, Any] = {
         "policy": policy,
         "load": load,
+        **extra,
         "requests": len(recs),
         "completed": len(served),
-        "offered_rps": round(offered_rps, 3),
+        "client_errors": client_errors,
+        "offered_rps": round(len(recs) / span, 3) if span > 0 else 0.0,
         "duration_s": round(span, 3),
         "makespan_s": round(run_s, 3),
         "goodput_rps": round(met / span, 3) if span > 0 else 0.0,
         "throughput_rps": round(len(served) / span, 3) if span > 0 else 0.0,
         "slo": {"ttft_ms": round(slo_ttft_s * 1000, 3), "tpot_ms": round(slo_tpot_s * 1000, 3)},
-        "slo_attainment": round(met / len(recs), 4) if recs else 0.0,
+        "slo_attainment": round(met / judged, 4) if judged else 0.0,
         "slo_attainment_by_class": {k: round(v[0] / v[1], 4) for k, v in sorted(met_by_class.items())},
         "ttft_ms": summary_ms([r.ttft_s for r in served if r.ttft_s is not None]),
         "tpot_ms": summary_ms([r.tpot_s for r in served if r.tpot_s is not None]),
@@ -60,6 +74,7 @@ def summarize(result: SimResult, *, policy: str, load: float | None, slo_ttft_s:
         "rejected": sum(rejected.values()),
         "rejected_by_reason": dict(sorted(rejected.items())),
         "preemptions": sum(rep.preemptions for rep in result.replicas),
+        "prefix_hit_rate": round(sum(r.cached_tokens for r in served) / prompt, 4) if prompt else 0.0,
         "replicas": [
             {"id": rep.replica_id, "profile": rep.profile,
              "utilisation": round(min(1.0, rep.busy_s / run_s), 4) if run_s > 0 else 0.0,
@@ -74,7 +89,8 @@ def summarize(result: SimResult, *, policy: str, load: float | None, slo_ttft_s:
 
 def render(runs: list[dict[str, Any]]) -> str:
     """One line per run: the side-by-side table printed by `tidegate simulate`."""
-    head = (f"{'policy':<19} {'load':>5} {'reqs':>6} {'goodput':>8} {'SLO %':>6} {'TTFT p50':>9} {'p95':>8} "
+    head = (f"{'policy':<19} {'rtr':>3} {'load':>5} {'reqs':>6} {'goodput':>8} {'SLO %':>6} {'hit %':>5} "
+            f"{'TTFT p50':>9} {'p95':>8} "
             f"{'p99':>8} {'TPOT p50':>9} {'p95':>6} {'p99':>6} {'queue p95':>9} {'preempt':>7} {'rej':>5} "
             f"{'util':>9} {'peak KV':>7}")
     lines = [head, "-" * len(head)]
@@ -84,10 +100,23 @@ def render(runs: list[dict[str, Any]]) -> str:
         peak = max((x["peak_kv"] for x in r["replicas"]), default=0.0)
         load = "-" if r["load"] is None else f"{r['load']:g}"
         lines.append(
-            f"{r['policy']:<19} {load:>5} {r['requests']:>6} {r['goodput_rps']:>8.2f} "
-            f"{r['slo_attainment'] * 100:>6.1f} "
+            f"{r['policy']:<19} {r.get('routers', 1):>3} {load:>5} {r['requests']:>6} {r['goodput_rps']:>8.2f} "
+            f"{r['slo_attainment'] * 100:>6.1f} {r.get('prefix_hit_rate', 0.0) * 100:>5.1f} "
             f"{r['ttft_ms']['p50']:>9.0f} {r['ttft_ms']['p95']:>8.0f} {r['ttft_ms']['p99']:>8.0f} "
             f"{r['tpot_ms']['p50']:>9.1f} {r['tpot_ms']['p95']:>6.1f} {r['tpot_ms']['p99']:>6.1f} "
             f"{r['queue_ms']['p95']:>9.0f} {r['preemptions']:>7} {r['rejected']:>5} {util:>9} {peak * 100:>6.1f}%"
         )
+    return "\n".join(lines)
+
+
+def render_capacity(rows: list[dict[str, Any]]) -> str:
+    """One line per (policy, routers): the SLO capacity found by --find-capacity."""
+    head = f"{'policy':<19} {'rtr':>3} {'SLO capacity rps':>16} {'spread':>15} {'load':>6} {'SLO %':>6}"
+    lines = [head, "-" * len(head)]
+    for r in sorted(rows, key=lambda r: (r["routers"], -r["slo_capacity_rps"], r["policy"])):
+        spread = (f"{r['slo_capacity_rps_min']:.1f}-{r['slo_capacity_rps_max']:.1f}"
+                  if "slo_capacity_rps_min" in r else "-")
+        rate = f"{'>=' if r.get('capped') else ''}{r['slo_capacity_rps']:.2f}"
+        lines.append(f"{r['policy']:<19} {r['routers']:>3} {rate:>16} {spread:>15} {r['load']:>6.3f} "
+                     f"{r['attainment'] * 100:>6.1f}")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""The event loop: replicas, agents, the control plane's weight code and one router, on a virtual clock.
+"""The event loop: replicas, agents, the control plane's weight code and N routers, on a virtual clock.
 
 What runs, and with which real code:
 
@@ -8,13 +8,26 @@ What runs, and with which real code:
   real agent (fleetsim.agent);
 - the control plane is the real `controlplane.fleet.FleetState` (sanitize, on_report, views)
   on the virtual clock; every `tick_s` it runs the real `tidegate.policy.weights
-  .compute_pool_tables`; a table that differs from the previous one reaches the router
-  `propagation_s` later (etcd write + watch);
-- the router runs the chosen registry policy per request over the last table it received plus
-  its own in-flight counts (acquired at dispatch, released when the request finishes);
-- optionally (`scrape_interval_s`) the router also polls every engine's queue and KV itself, as
-  llm-d's endpoint picker does every 50 ms; those figures then replace the table's (weights and
-  states still come only from the control plane, so the `tidegate` policy is unaffected).
+  .compute_pool_tables`; the table is written, and reaches every router `propagation_s` later
+  (etcd write + watch), only when the real publisher would write it: when
+  `controlplane.publisher.routing_key` (replica, endpoint, location, state, weight) changed. The
+  queue/KV/latency/rate figures in an entry are therefore a snapshot from the last such write;
+- `routers` routers (SimConfig.routers), each with its own policy instance (its own prefix
+  index, cursor...), its own in-flight counts (acquired at dispatch, released when the request
+  finishes) and its own delivered table; requests are spread over them round-robin (`rr`, like a
+  Kubernetes Service or an L4 balancer in front of stateless routers) or by a session hash
+  (`hash`: the request's first prefix hash, so one client's prefix-sharing traffic meets one
+  router; requests without prefix hashes go round-robin). The control plane sees the routers'
+  in-flight counts summed;
+- a router may poll every engine's queue and KV itself (`scrape_interval_s`, else the policy's
+  own `scrape_interval_s` attribute: `llmd` polls every 50 ms as llm-d's endpoint picker does);
+  those figures then replace the table's (weights and states still come only from the control
+  plane, so the `tidegate` policy is unaffected). Router 0's scrape starts one interval after the
+  start, the others at random phases: routers are not synchronised, and scraping in lockstep
+  would make them herd together onto the same stale view (measured: 2x the TTFT p50);
+- requests no replica can ever serve (prompt + output beyond every profile's context, or a
+  prompt beyond every KV cache) are answered as client errors at once (`rejected =
+  "client_error"`), as the router's request validation would; they reach no policy.
 
 Events at one instant are handled in the order: table delivery, router scrape, agent report,
 control-plane tick, arrival. Before an event at time t that reads engine state every engine it reads is
@@ -29,10 +42,12 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from controlplane.fleet import FleetState
+from controlplane.publisher import routing_key
 from fleetsim.agent import SimAgent
 from fleetsim.replica import SimReplica
 from fleetsim.workload import SimRequest
@@ -42,6 +57,8 @@ from tidegate.policy.registry import LiveLoad, Policy, PoolSnapshot, RequestFeat
 from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables
 
 _DELIVER, _SCRAPE, _REPORT, _TICK = 0, 1, 2, 3
+ROUTER_SPREADS = ("rr", "hash")
+CLIENT_ERROR = "client_error"
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,8 @@ class SimConfig:
     # set, the running / waiting / KV figures the router's policy sees are refreshed from the
     # engines this often; weights and states still come only from the control plane's tables.
     scrape_interval_s: float | None = None
+    routers: int = 1
+    router_spread: str = "rr"           # rr | hash (see the module doc)
 
     def __post_init__(self) -> None:
         if not (self.report_interval_s > 0 and self.tick_s > 0 and self.propagation_s >= 0 and self.warmup_s >= 0
@@ -71,6 +90,10 @@ class SimConfig:
             raise ValueError("need report_interval_s > 0, tick_s > 0, propagation_s >= 0, warmup_s >= 0, hop_s >= 0")
         if self.scrape_interval_s is not None and not self.scrape_interval_s > 0:
             raise ValueError("scrape_interval_s must be positive (or None)")
+        if self.routers < 1:
+            raise ValueError("routers must be >= 1")
+        if self.router_spread not in ROUTER_SPREADS:
+            raise ValueError(f"router_spread must be one of {', '.join(ROUTER_SPREADS)}")
 
 
 @dataclass(slots=True)
@@ -78,6 +101,7 @@ class RequestRecord:
     req: SimRequest
     replica: str | None = None
     rejected: str = ""                  # why, when the request was never served
+    router: int = 0
     first_token_s: float | None = None
     finish_s: float | None = None
     queue_s: float | None = None        # TTFT minus its own prefill alone (see results.py)
@@ -137,16 +161,64 @@ def _route_info(e) -> RouteInfo:  # e: tidegate.v1.RouteEntry
     return RouteInfo.from_entry(e)
 
 
+def servable(profiles: Sequence[Profile], prompt_tokens: int, output_tokens: int) -> bool:
+    """Whether some replica could ever serve the request (its context and KV cache hold it)."""
+    return any(prompt_tokens <= p.kv_capacity_tokens and prompt_tokens + output_tokens <= p.max_model_len
+               for p in profiles)
+
+
+def session_router(req: SimRequest, routers: int) -> int | None:
+    """The router of a request's session under `hash` spread: its first prefix hash, hashed
+    stably across processes; None without prefix hashes."""
+    if not req.prefix_hashes:
+        return None
+    return zlib.crc32(repr(req.prefix_hashes[0]).encode()) % routers
+
+
+class SimRouter:
+    """One router: its own policy instance, in-flight counts, delivered table and scrape."""
+
+    __slots__ = ("inflight", "policy", "rng", "scrape_s", "scraped", "table", "view", "wants_live")
+
+    def __init__(self, policy: Policy, replica_ids: Sequence[str], rng: random.Random,
+                 scrape_s: float | None) -> None:
+        self.policy = policy
+        self.rng = rng
+        self.inflight: dict[str, int] = {rid: 0 for rid in replica_ids}
+        self.table: tuple[RouteInfo, ...] = ()      # as delivered by the control plane
+        self.view: tuple[RouteInfo, ...] = ()       # what the policy sees: the table, plus the scrape
+        self.scraped: dict[str, tuple[int, int, int, int]] = {}
+        self.scrape_s = scrape_s
+        self.wants_live = bool(getattr(policy, "reads_live_state", False))
+
+    def refresh_view(self) -> None:
+        if not self.scraped:
+            self.view = self.table
+            return
+        out = []
+        for e in self.table:
+            m = self.scraped.get(e.replica_id)
+            out.append(e if m is None else replace(e, running=m[0], waiting=m[1], kv_free_tokens=m[2],
+                                                   kv_capacity_tokens=m[3]))
+        self.view = tuple(out)
+
+
 class Simulation:
-    def __init__(self, profiles: Sequence[Profile], policy: Policy, requests: Sequence[SimRequest],
-                 cfg: SimConfig | None = None, seed: int = 0) -> None:
+    def __init__(self, profiles: Sequence[Profile], policy: Policy | Sequence[Policy],
+                 requests: Sequence[SimRequest], cfg: SimConfig | None = None, seed: int = 0) -> None:
+        """`policy`: one instance, or one per router (`cfg.routers` of them, each its own state)."""
         if not profiles:
             raise ValueError("need at least one replica")
         self.cfg = cfg or SimConfig()
-        self.policy = policy
+        policies = list(policy) if isinstance(policy, (list, tuple)) else [policy]
+        if len(policies) != self.cfg.routers:
+            raise ValueError(f"need one policy instance per router ({self.cfg.routers}), got {len(policies)}")
+        if len({id(p) for p in policies}) != len(policies):
+            raise ValueError("each router needs its own policy instance")
+        self.policy = policies[0]
+        self._profiles = tuple(profiles)
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.index))
         self.now = -self.cfg.warmup_s + (self.requests[0].arrival_s if self.requests else 0.0)
-        self._rng = random.Random(f"router/{seed}")
         phase_rng = random.Random(f"phases/{seed}")
         width = max(2, len(str(len(profiles) - 1)))
         self.replicas = [SimReplica(f"replica-{i:0{width}d}", p, random.Random(f"engine/{seed}/{i}"), self.now,
@@ -160,13 +232,20 @@ class Simulation:
             self.fleet.on_hello(agent.hello)
             self._push(self.now + phase_rng.uniform(0.0, self.cfg.report_interval_s), _REPORT, i)
         self._push(self.now + self.cfg.tick_s, _TICK, None)
-        if self.cfg.scrape_interval_s is not None:
-            self._push(self.now + self.cfg.scrape_interval_s, _SCRAPE, None)
-        self.table: tuple[RouteInfo, ...] = ()      # as delivered by the control plane
-        self.view: tuple[RouteInfo, ...] = ()       # what the policy sees: the table, plus the scrape
-        self._scraped: dict[str, tuple[int, int, int, int]] = {}
-        self._last_table: tuple[RouteInfo, ...] | None = None
-        self.inflight: dict[str, int] = {r.replica_id: 0 for r in self.replicas}
+        ids = [r.replica_id for r in self.replicas]
+        # Router 0 keeps the single router's RNG stream, so a 1-router run is what it always was.
+        self.routers = [
+            SimRouter(p, ids, random.Random(f"router/{seed}" if k == 0 else f"router/{seed}/{k}"),
+                      self.cfg.scrape_interval_s if self.cfg.scrape_interval_s is not None
+                      else getattr(p, "scrape_interval_s", None))
+            for k, p in enumerate(policies)]
+        for k, router in enumerate(self.routers):
+            if router.scrape_s is not None:
+                phase = router.scrape_s if k == 0 else phase_rng.uniform(0.0, router.scrape_s)
+                self._push(self.now + phase, _SCRAPE, k)
+        self._published_key: tuple | None = None
+        self._rr = 0
+        self.inflight: dict[str, int] = {rid: 0 for rid in ids}   # all routers together
         self.records: dict[str, RequestRecord] = {}
         self._features: dict[str, RequestFeatures] = {}
         self._counts = {r.replica_id: 0 for r in self.replicas}
@@ -174,7 +253,6 @@ class Simulation:
         self.deliveries: list[TableDelivery] = []
         self.samples: dict[str, list[tuple[float, int, int, float]]] = {r.replica_id: [] for r in self.replicas}
         self._outstanding = 0
-        self._wants_live = getattr(policy, "name", "") == "oracle"
 
     def _push(self, t: float, kind: int, payload: object) -> None:
         self._seq += 1
@@ -210,7 +288,7 @@ class Simulation:
             if kind == _DELIVER:
                 self._deliver(payload)  # type: ignore[arg-type]
             elif kind == _SCRAPE:
-                self._scrape(t)
+                self._scrape(t, payload)  # type: ignore[arg-type]
             elif kind == _REPORT:
                 self._report(payload)  # type: ignore[arg-type]
             else:
@@ -252,7 +330,7 @@ class Simulation:
             if rec.first_token_s is None:
                 rec.first_token_s = t_s
                 self._by_id[rep.replica_id][1].observe_ttft(engine_t - engine_arrival)
-                notify(self.policy, "on_first_token", self._features[req_id], rep.replica_id)
+                notify(self.routers[rec.router].policy, "on_first_token", self._features[req_id], rep.replica_id)
         elif kind == "finished":
             if rec.finish_s is not None:
                 return
@@ -266,8 +344,10 @@ class Simulation:
             rec.queue_s = max(0.0, rec.first_token_s - rec.req.arrival_s - own - 2 * self.cfg.hop_s)
             self._by_id[rep.replica_id][1].observe_finished(rec.first_token_s, t_s, rec.req.output_tokens)
             self.inflight[rep.replica_id] -= 1
+            router = self.routers[rec.router]
+            router.inflight[rep.replica_id] -= 1
             self._outstanding -= 1
-            notify(self.policy, "on_complete", self._features.pop(req_id), rep.replica_id)
+            notify(router.policy, "on_complete", self._features.pop(req_id), rep.replica_id)
         elif kind == "preempted":
             rec.preemptions += 1
 
@@ -277,15 +357,21 @@ class Simulation:
                                    true_output_tokens=req.output_tokens)
         rec = RequestRecord(req)
         self.records[req.req_id] = rec
+        if not servable(self._profiles, req.prompt_tokens, req.output_tokens):
+            rec.rejected = CLIENT_ERROR
+            return
+        k = self._route_to(req)
+        rec.router = k
+        router = self.routers[k]
         live = None
-        if self._wants_live:
+        if router.wants_live:
             live = {}
             for r in self.replicas:
                 s = r.engine.stats()
                 live[r.replica_id] = LiveLoad(s.running, s.waiting, s.kv_free_tokens,
                                               s.num_gpu_blocks * s.block_size)
-        snap = PoolSnapshot(self.view, self.inflight, frozenset(), live)
-        choice = self.policy.pick(snap, features, self._rng)
+        snap = PoolSnapshot(router.view, router.inflight, frozenset(), live)
+        choice = router.policy.pick(snap, features, router.rng)
         if choice is None:
             rec.rejected = "no_replica"
             return
@@ -298,10 +384,23 @@ class Simulation:
             return
         rec.replica = rep.replica_id
         self.inflight[rep.replica_id] += 1
+        router.inflight[rep.replica_id] += 1
         self._counts[rep.replica_id] += 1
         self._outstanding += 1
         self._features[req.req_id] = features
-        notify(self.policy, "on_dispatch", features, rep.replica_id)
+        notify(router.policy, "on_dispatch", features, rep.replica_id)
+
+    def _route_to(self, req: SimRequest) -> int:
+        n = len(self.routers)
+        if n == 1:
+            return 0
+        if self.cfg.router_spread == "hash":
+            k = session_router(req, n)
+            if k is not None:
+                return k
+        k = self._rr % n
+        self._rr += 1
+        return k
 
     def _report(self, i: int) -> None:
         rep, agent = self.replicas[i], self.agents[i]
@@ -326,36 +425,39 @@ class Simulation:
         take_events = getattr(self.fleet, "take_events", None)
         if take_events is not None:
             take_events()  # the audit trail the real control plane writes to etcd; not modelled
-        entries = tuple(_route_info(e) for e in tables.get(self.cfg.pool, ()))
-        if entries != self._last_table:
-            self._last_table = entries
+        pool_entries = tables.get(self.cfg.pool, ())
+        key = routing_key(pool_entries)
+        if key != self._published_key:  # the publisher's change rule: informational fields alone never write
+            self._published_key = key
+            entries = tuple(_route_info(e) for e in pool_entries)
             self._push(self.now + self.cfg.propagation_s, _DELIVER, (self.now, entries))
         self._push(self.now + self.cfg.tick_s, _TICK, None)
 
     def _deliver(self, payload: tuple[float, tuple[RouteInfo, ...]]) -> None:
         computed, entries = payload
-        self.table = entries
-        self._refresh_view()
+        for router in self.routers:
+            router.table = entries
+            router.refresh_view()
         self.deliveries.append(TableDelivery(computed, self.now, entries))
 
-    def _scrape(self, t: float) -> None:
+    def _scrape(self, t: float, k: int) -> None:
         self._advance(t)
+        router = self.routers[k]
         for r in self.replicas:
             st = r.engine.stats()
-            self._scraped[r.replica_id] = (st.running, st.waiting, st.kv_free_tokens, st.num_gpu_blocks * st.block_size)
-        self._refresh_view()
-        self._push(t + self.cfg.scrape_interval_s, _SCRAPE, None)  # type: ignore[operator]
+            router.scraped[r.replica_id] = (st.running, st.waiting, st.kv_free_tokens,
+                                            st.num_gpu_blocks * st.block_size)
+        router.refresh_view()
+        self._push(t + router.scrape_s, _SCRAPE, k)  # type: ignore[operator]
 
-    def _refresh_view(self) -> None:
-        if not self._scraped:
-            self.view = self.table
-            return
-        out = []
-        for e in self.table:
-            m = self._scraped.get(e.replica_id)
-            out.append(e if m is None else replace(e, running=m[0], waiting=m[1], kv_free_tokens=m[2],
-                                                   kv_capacity_tokens=m[3]))
-        self.view = tuple(out)
+    @property
+    def table(self) -> tuple[RouteInfo, ...]:
+        """Router 0's delivered table."""
+        return self.routers[0].table
+
+    @property
+    def view(self) -> tuple[RouteInfo, ...]:
+        return self.routers[0].view
 
 
 def makespan(result: SimResult) -> float:

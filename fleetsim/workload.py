@@ -130,11 +130,12 @@ def as_trace(reqs: Sequence[SimRequest]) -> list[TraceRequest]:
 
 
 def native_rate(reqs: Sequence[SimRequest]) -> float:
-    """Requests per second over the arrival span (the count when it is zero)."""
+    """Requests per second over the arrival span (the count when it is zero): requests / span, the
+    denominator of the results' offered_rps and goodput_rps."""
     if len(reqs) < 2:
         return float(len(reqs))
     span = reqs[-1].arrival_s - reqs[0].arrival_s
-    return (len(reqs) - 1) / span if span > 0 else float(len(reqs))
+    return len(reqs) / span if span > 0 else float(len(reqs))
 
 
 def scale_arrivals(reqs: Sequence[SimRequest], factor: float) -> list[SimRequest]:

@@ -28,7 +28,7 @@ def req(prompt: int = 100, hashes: tuple = (), out: int = 10, rid: str = "q", pr
 
 def test_registry_lists_every_policy():
     assert set(ALL) == {"tidegate", "round_robin", "random", "least_request", "least_kv", "llmd",
-                        "sglang_cache_aware", "oracle"}
+                        "sglang_cache_aware", "clairvoyant", "llmd_table"}
 
 
 def test_unknown_policy_lists_valid_names():
@@ -75,7 +75,7 @@ CASES = [
     ("least_kv", (e("a", free=500), e("b", free=500)), {"a": 2}, None, req(), "b"),
     ("llmd", (e("a", waiting=9), e("b", waiting=0), e("c", waiting=3)), {}, None, req(), "b"),
     ("llmd", (e("a", free=200), e("b", free=900)), {}, None, req(), "b"),
-    ("oracle", (e("a"), e("b")), {}, {"a": LiveLoad(30, 0, 1000, 1000), "b": LiveLoad(2, 0, 1000, 1000)}, req(), "b"),
+    ("clairvoyant", (e("a"), e("b")), {}, {"a": LiveLoad(30, 0, 1000, 1000), "b": LiveLoad(2, 0, 1000, 1000)}, req(), "b"),
     ("tidegate", (e("a", 0), e("b", 10)), {}, None, req(), "b"),
     ("sglang_cache_aware", (e("a"), e("b")), {"a": 100, "b": 10}, None, req(), "b"),  # imbalanced -> shortest
 ]
@@ -142,8 +142,8 @@ def test_sglang_balance_needs_both_thresholds():
     assert pol.pick(snap_both, req(400, (1, 2)), random.Random(0)).reason == "imbalanced_shortest_queue"
 
 
-def test_oracle_avoids_kv_overflow_with_true_lengths():
-    pol = registry.create("oracle")
+def test_clairvoyant_avoids_kv_overflow_with_true_lengths():
+    pol = registry.create("clairvoyant")
     snap = PoolSnapshot((e("a", cap=1000), e("b", cap=1000)))
     big = req(100, out=800, rid="big")
     pol.on_dispatch(big, "a")  # a has 900 tokens committed

@@ -7,7 +7,7 @@ A policy is an object with one pure method over a snapshot,
 and optional router-local hooks the router calls after a pick and when a request ends:
 
     on_dispatch(request, replica_id)      # after the request was sent to replica_id
-    on_first_token(request, replica_id)   # its first token came back (oracle only)
+    on_first_token(request, replica_id)   # its first token came back
     on_complete(request, replica_id)      # it finished, failed or was cancelled
 
 A policy that reads `RequestFeatures.prefix_hashes` says so with a class attribute
@@ -23,6 +23,7 @@ weight only as that eligibility filter. Formulas and sources: baselines/README.m
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -74,7 +75,7 @@ class RouteInfo:
 @dataclass(frozen=True, slots=True)
 class LiveLoad:
     """Exact engine state at the instant of the pick. Only a simulator can fill it; only the
-    clairvoyant `oracle` reads it."""
+    `clairvoyant` reference reads it (policies that do set `reads_live_state = True`)."""
 
     running: int
     waiting: int
@@ -82,12 +83,26 @@ class LiveLoad:
     kv_capacity_tokens: int
 
 
+@dataclass(frozen=True, slots=True)
+class SloTargets:
+    """The pool's latency targets: time to first token and time per output token, seconds.
+    Policies that pick by predicted SLO fit (`tidegate`) read them; the rest ignore them."""
+
+    ttft_s: float = 2.0
+    tpot_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.ttft_s) and self.ttft_s > 0 and math.isfinite(self.tpot_s) and self.tpot_s > 0):
+            raise ValueError("SLO targets must be finite and positive")
+
+
 @dataclass(frozen=True)
 class PoolSnapshot:
     entries: tuple[RouteInfo, ...]
     inflight: Mapping[str, int] = field(default_factory=dict)  # this router's own in-flight per replica
     exclude: frozenset[str] = frozenset()                        # replicas already tried for this request
-    live: Mapping[str, LiveLoad] | None = None                   # oracle only
+    live: Mapping[str, LiveLoad] | None = None                   # clairvoyant only
+    slo: SloTargets | None = None                                # None: the policy's own default
 
     def candidates(self) -> list[RouteInfo]:
         """Routable, not excluded, in replica-id order (so a seeded RNG gives reproducible picks)."""
@@ -105,7 +120,7 @@ class RequestFeatures:
     prefix_hashes: tuple = ()            # one id per prefix block; equal ids = same prefix
     priority: int = 0                    # higher is more important; < 0 is sheddable (GIE convention)
     req_id: str = ""
-    true_output_tokens: int | None = None  # clairvoyant: only the oracle may read it
+    true_output_tokens: int | None = None  # only the `clairvoyant` reference may read it
 
 
 @runtime_checkable

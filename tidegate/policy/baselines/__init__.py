@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tidegate.policy.baselines.clairvoyant import Clairvoyant
 from tidegate.policy.baselines.least_kv import LeastKv
 from tidegate.policy.baselines.least_request import LeastRequest
-from tidegate.policy.baselines.llmd import LlmdEndpointPicker
-from tidegate.policy.baselines.oracle import Oracle
+from tidegate.policy.baselines.llmd import LlmdEndpointPicker, LlmdTablePicker
 from tidegate.policy.baselines.round_robin import RoundRobin
 from tidegate.policy.baselines.sglang_cache_aware import SglangCacheAware
 from tidegate.policy.baselines.tidegate_pick import TidegatePick
@@ -21,9 +21,10 @@ BUILTIN: dict[str, Callable[[], object]] = {
     "least_request": LeastRequest,
     "least_kv": LeastKv,
     "llmd": LlmdEndpointPicker,
+    "llmd_table": LlmdTablePicker,
     "sglang_cache_aware": SglangCacheAware,
-    "oracle": Oracle,
+    "clairvoyant": Clairvoyant,
 }
 
-__all__ = ["BUILTIN", "LeastKv", "LeastRequest", "LlmdEndpointPicker", "Oracle", "RoundRobin",
+__all__ = ["BUILTIN", "Clairvoyant", "LeastKv", "LeastRequest", "LlmdEndpointPicker", "LlmdTablePicker", "RoundRobin",
            "SglangCacheAware", "TidegatePick", "UniformRandom"]

@@ -1,4 +1,6 @@
-"""`oracle`: a clairvoyant reference. Not a product policy: it reads what no router can know.
+"""`clairvoyant`: a reference that reads what no router can know. Not a product policy, and NOT an
+upper bound: it knows true output lengths and exact engine state but not the prefix cache, so on
+prefix-heavy traces cache-aware policies beat it.
 
 It knows each request's true output length (`RequestFeatures.true_output_tokens`) and, through
 `PoolSnapshot.live`, each engine's exact running/waiting/free KV at the instant of the pick; its
@@ -14,8 +16,9 @@ hooks tell it which of its requests have started (first token) and finished. Per
     pick the minimum cost; ties by fewer in flight, then replica id.
 
 The weights (16 tokens of prefill per running sequence, 4 per overflowing KV token) are rough
-step-time equivalents of the llama3-8b cost model; the point is an upper reference that avoids
-queueing and preemption with information no real router has, not an optimum.
+step-time equivalents of the llama3-8b cost model; the point is a reference that avoids
+queueing and preemption with information no real router has, not an optimum: it ignores cached
+prefixes, so it neither seeks cache hits nor counts them as saved prefill.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ class _Outstanding:
     committed: int = 0     # prompt + true output of in-flight requests
 
 
-class Oracle:
-    name = "oracle"
+class Clairvoyant:
+    name = "clairvoyant"
+    reads_live_state = True  # the simulator fills PoolSnapshot.live only for such policies
 
     def __init__(self) -> None:
         self._load: dict[str, _Outstanding] = {}

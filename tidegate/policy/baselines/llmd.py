@@ -11,8 +11,11 @@
 - saturation detector (queueDepthThreshold 5, kvCacheUtilThreshold 0.8): when every candidate is
   saturated, sheddable requests (priority < 0) are rejected (None); others are still scheduled.
 
-The queue and KV figures are the routing table's (the agents' reports), not a 50 ms scrape of each
-engine as the real EPP does; see README.md.
+The real EPP scrapes every engine's queue and KV itself every 50 ms; `scrape_interval_s` asks the
+simulator (fleetsim) for that view, so `llmd` runs as deployed. `llmd_table` is the same picker
+reading the routing table's figures instead (the agents' reports, rewritten only when weights or
+states change): the stale-metrics variant, kept to show what the scrape is worth. The live router
+has no scrape; there both read the table.
 """
 
 from __future__ import annotations
@@ -33,8 +36,12 @@ MAX_PREFIX_TOKENS = 256 * 16
 DEFAULT_LRU_TOKENS = 31250 * 16  # DefaultLRUCapacityPerServer blocks of 16 tokens
 
 
+SCRAPE_INTERVAL_S = 0.05  # the EPP's default metrics refresh
+
+
 class LlmdEndpointPicker:
     name = "llmd"
+    scrape_interval_s: float | None = SCRAPE_INTERVAL_S  # read by fleetsim: the router polls the engines
     uses_prefix_hashes = True  # the router computes RequestFeatures.prefix_hashes only for such policies
 
     def __init__(self) -> None:
@@ -78,3 +85,10 @@ class LlmdEndpointPicker:
                 idx = self._index[chosen.replica_id] = LruBlocks(cap)
             idx.insert(keys, self._blocks(request)[1])
         return make_pick(chosen, "max_score", scores[i], len(cands))
+
+
+class LlmdTablePicker(LlmdEndpointPicker):
+    """`llmd_table`: the same scores over the routing table's queue and KV (no scrape of its own)."""
+
+    name = "llmd_table"
+    scrape_interval_s = None

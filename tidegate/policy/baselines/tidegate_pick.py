@@ -1,21 +1,13 @@
-"""`tidegate`: the router's own pick (tidegate.policy.pick) over the control plane's weights.
+"""`tidegate`: Tidegate's own pick, registered beside the baselines it is measured against.
 
-A thin adapter: the weights come from the control plane (tidegate.policy.weights) through the
-routing table; the per-request choice is `tidegate.policy.pick.pick`, called as the router calls it.
+The policy lives in tidegate.policy.slo_pick (predicted SLO fit over load counted in tokens, with
+prefix affinity); see tidegate/policy/README.md for its formulas.
 """
 
 from __future__ import annotations
 
-import random
+from tidegate.policy.slo_pick import TidegatePolicy
 
-from tidegate.policy import pick as tidegate_pick
-from tidegate.policy.registry import PoolSnapshot, RequestFeatures
+TidegatePick = TidegatePolicy
 
-
-class TidegatePick:
-    name = "tidegate"
-
-    def pick(self, snapshot: PoolSnapshot, request: RequestFeatures, rng: random.Random) -> tidegate_pick.Pick | None:
-        features = tidegate_pick.RequestFeatures(model="", prompt_tokens=request.prompt_tokens,
-                                                 max_tokens=request.max_tokens)
-        return tidegate_pick.pick(snapshot.entries, snapshot.inflight, features, rng, snapshot.exclude)
+__all__ = ["TidegatePick"]
