@@ -105,10 +105,15 @@ def fleet_saturation_rps(profiles: Sequence[Profile], reqs: Sequence[SimRequest]
     if not reqs:
         raise ValueError("empty workload")
     lengths = [(r.prompt_tokens, r.output_tokens) for r in reqs]
+    return sum(saturation_rps(p, lengths, seed) * k for p, k in profile_groups(profiles))
+
+
+def profile_groups(profiles: Sequence[Profile]) -> list[tuple[Profile, int]]:
+    """(profile, replicas) per distinct profile, in first-seen order."""
     groups: dict[str, tuple[Profile, int]] = {}
     for p in profiles:
         groups[p.name] = (p, groups.get(p.name, (p, 0))[1] + 1)
-    return sum(saturation_rps(p, lengths, seed) * k for p, k in groups.values())
+    return list(groups.values())
 
 
 # ---------------------------------------------------------------------------- SLO capacity search

@@ -230,10 +230,7 @@ def policy_names(specs: Sequence[str]) -> list[str]:
 def fleet_capacity_rps(profiles: Sequence[Profile], reqs: Sequence[workload.SimRequest]) -> float:
     """The former estimate (Little's law on mean lengths, tidegate.fleet.capacity), for comparison."""
     trace = workload.as_trace(reqs)
-    groups: dict[str, tuple[Profile, int]] = {}
-    for p in profiles:
-        groups[p.name] = (p, groups.get(p.name, (p, 0))[1] + 1)
-    return sum(capacity.estimate(p, trace, n).fleet_rps for p, n in groups.values())
+    return sum(capacity.estimate(p, trace, n).fleet_rps for p, n in saturation.profile_groups(profiles))
 
 
 def base_requests(cfg: SimulateConfig) -> list[workload.SimRequest]:
