@@ -6,6 +6,8 @@
     /tidegate/v1/intents/<replica_id>       ReplicaIntent (SRE cordon/drain; no lease, survives restarts)
     /tidegate/v1/events/<ts>-<n>            Event (audit trail; no lease)
     /tidegate/v1/budgets/<scope>            DisruptionBudget (scope "pool:<name>" or "region:<name>")
+    /tidegate/v1/slos/<pool>                PoolSlo (SRE targets; the leader copies them into the table)
+    /tidegate/v1/scale/<pool>               ScaleRecommendation (written by the leader)
     /tidegate/v1/election/controlplane      etcd Election name (values: LeaderRecord)
 
 Values are protobuf JSON (see `tidegate.codec`).
@@ -21,6 +23,8 @@ INTENTS = PREFIX + "intents/"
 EVENTS = PREFIX + "events/"
 BUDGETS = PREFIX + "budgets/"
 ELECTION = PREFIX + "election/controlplane"
+SLOS = PREFIX + "slos/"
+SCALE = PREFIX + "scale/"
 
 
 def table(pool: str) -> str:
@@ -48,3 +52,11 @@ def leaf(prefix: str, key: str) -> str:
 
 def budget(scope: str) -> str:
     return BUDGETS + scope
+
+
+def slo(pool: str) -> str:
+    return SLOS + pool
+
+
+def scale(pool: str) -> str:
+    return SCALE + pool

@@ -109,7 +109,7 @@ class ReplicaDetail(_message.Message):
     def __init__(self, summary: _Optional[_Union[ReplicaSummary, _Mapping]] = ..., hello: _Optional[_Union[_telemetry_pb2.Hello, _Mapping]] = ..., last_report: _Optional[_Union[_telemetry_pb2.Report, _Mapping]] = ..., intent: _Optional[_Union[_records_pb2.ReplicaIntent, _Mapping]] = ..., reasons: _Optional[_Iterable[str]] = ..., events: _Optional[_Iterable[_Union[_records_pb2.Event, _Mapping]]] = ...) -> None: ...
 
 class PoolSummary(_message.Message):
-    __slots__ = ("pool", "replicas_by_state", "generation", "total_weight", "demand_rps", "slo_attainment", "recommended_replicas", "budgets", "available")
+    __slots__ = ("pool", "replicas_by_state", "generation", "total_weight", "demand_rps", "slo_attainment", "recommended_replicas", "budgets", "available", "slo", "scale")
     class ReplicasByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,8 @@ class PoolSummary(_message.Message):
     RECOMMENDED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     BUDGETS_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    SLO_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
     pool: str
     replicas_by_state: _containers.ScalarMap[str, int]
     generation: int
@@ -135,7 +137,9 @@ class PoolSummary(_message.Message):
     recommended_replicas: int
     budgets: _containers.RepeatedCompositeFieldContainer[_records_pb2.DisruptionBudget]
     available: int
-    def __init__(self, pool: _Optional[str] = ..., replicas_by_state: _Optional[_Mapping[str, int]] = ..., generation: _Optional[int] = ..., total_weight: _Optional[float] = ..., demand_rps: _Optional[float] = ..., slo_attainment: _Optional[float] = ..., recommended_replicas: _Optional[int] = ..., budgets: _Optional[_Iterable[_Union[_records_pb2.DisruptionBudget, _Mapping]]] = ..., available: _Optional[int] = ...) -> None: ...
+    slo: _records_pb2.PoolSlo
+    scale: _records_pb2.ScaleRecommendation
+    def __init__(self, pool: _Optional[str] = ..., replicas_by_state: _Optional[_Mapping[str, int]] = ..., generation: _Optional[int] = ..., total_weight: _Optional[float] = ..., demand_rps: _Optional[float] = ..., slo_attainment: _Optional[float] = ..., recommended_replicas: _Optional[int] = ..., budgets: _Optional[_Iterable[_Union[_records_pb2.DisruptionBudget, _Mapping]]] = ..., available: _Optional[int] = ..., slo: _Optional[_Union[_records_pb2.PoolSlo, _Mapping]] = ..., scale: _Optional[_Union[_records_pb2.ScaleRecommendation, _Mapping]] = ...) -> None: ...
 
 class ListPoolsRequest(_message.Message):
     __slots__ = ()
@@ -278,3 +282,31 @@ class ListBudgetsResponse(_message.Message):
     BUDGETS_FIELD_NUMBER: _ClassVar[int]
     budgets: _containers.RepeatedCompositeFieldContainer[_records_pb2.DisruptionBudget]
     def __init__(self, budgets: _Optional[_Iterable[_Union[_records_pb2.DisruptionBudget, _Mapping]]] = ...) -> None: ...
+
+class SetPoolSloRequest(_message.Message):
+    __slots__ = ("slo", "clear")
+    SLO_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    slo: _records_pb2.PoolSlo
+    clear: bool
+    def __init__(self, slo: _Optional[_Union[_records_pb2.PoolSlo, _Mapping]] = ..., clear: _Optional[bool] = ...) -> None: ...
+
+class SetPoolSloResponse(_message.Message):
+    __slots__ = ("slo", "message")
+    SLO_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    slo: _records_pb2.PoolSlo
+    message: str
+    def __init__(self, slo: _Optional[_Union[_records_pb2.PoolSlo, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class GetPoolSloRequest(_message.Message):
+    __slots__ = ("pool",)
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    def __init__(self, pool: _Optional[str] = ...) -> None: ...
+
+class GetPoolSloResponse(_message.Message):
+    __slots__ = ("slos",)
+    SLOS_FIELD_NUMBER: _ClassVar[int]
+    slos: _containers.RepeatedCompositeFieldContainer[_records_pb2.PoolSlo]
+    def __init__(self, slos: _Optional[_Iterable[_Union[_records_pb2.PoolSlo, _Mapping]]] = ...) -> None: ...

@@ -90,6 +90,16 @@ class AdminStub:
                 request_serializer=tidegate_dot_v1_dot_admin__pb2.ListBudgetsRequest.SerializeToString,
                 response_deserializer=tidegate_dot_v1_dot_admin__pb2.ListBudgetsResponse.FromString,
                 _registered_method=True)
+        self.SetPoolSlo = channel.unary_unary(
+                '/tidegate.v1.Admin/SetPoolSlo',
+                request_serializer=tidegate_dot_v1_dot_admin__pb2.SetPoolSloRequest.SerializeToString,
+                response_deserializer=tidegate_dot_v1_dot_admin__pb2.SetPoolSloResponse.FromString,
+                _registered_method=True)
+        self.GetPoolSlo = channel.unary_unary(
+                '/tidegate.v1.Admin/GetPoolSlo',
+                request_serializer=tidegate_dot_v1_dot_admin__pb2.GetPoolSloRequest.SerializeToString,
+                response_deserializer=tidegate_dot_v1_dot_admin__pb2.GetPoolSloResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -161,6 +171,20 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetPoolSlo(self, request, context):
+        """operator
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPoolSlo(self, request, context):
+        """viewer
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -218,6 +242,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListBudgets,
                     request_deserializer=tidegate_dot_v1_dot_admin__pb2.ListBudgetsRequest.FromString,
                     response_serializer=tidegate_dot_v1_dot_admin__pb2.ListBudgetsResponse.SerializeToString,
+            ),
+            'SetPoolSlo': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPoolSlo,
+                    request_deserializer=tidegate_dot_v1_dot_admin__pb2.SetPoolSloRequest.FromString,
+                    response_serializer=tidegate_dot_v1_dot_admin__pb2.SetPoolSloResponse.SerializeToString,
+            ),
+            'GetPoolSlo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPoolSlo,
+                    request_deserializer=tidegate_dot_v1_dot_admin__pb2.GetPoolSloRequest.FromString,
+                    response_serializer=tidegate_dot_v1_dot_admin__pb2.GetPoolSloResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -517,6 +551,60 @@ class Admin:
             '/tidegate.v1.Admin/ListBudgets',
             tidegate_dot_v1_dot_admin__pb2.ListBudgetsRequest.SerializeToString,
             tidegate_dot_v1_dot_admin__pb2.ListBudgetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPoolSlo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidegate.v1.Admin/SetPoolSlo',
+            tidegate_dot_v1_dot_admin__pb2.SetPoolSloRequest.SerializeToString,
+            tidegate_dot_v1_dot_admin__pb2.SetPoolSloResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPoolSlo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidegate.v1.Admin/GetPoolSlo',
+            tidegate_dot_v1_dot_admin__pb2.GetPoolSloRequest.SerializeToString,
+            tidegate_dot_v1_dot_admin__pb2.GetPoolSloResponse.FromString,
             options,
             channel_credentials,
             insecure,

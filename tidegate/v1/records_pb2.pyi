@@ -68,20 +68,22 @@ class RouteEntry(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., weight: _Optional[float] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., ttft_p95_ms: _Optional[float] = ..., itl_p95_ms: _Optional[float] = ..., reason: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_base_ms: _Optional[float] = ..., decode_step_per_seq_ms: _Optional[float] = ...) -> None: ...
 
 class RoutingTable(_message.Message):
-    __slots__ = ("pool", "generation", "computed_at", "leader_id", "replicas", "schema_version")
+    __slots__ = ("pool", "generation", "computed_at", "leader_id", "replicas", "schema_version", "slo")
     POOL_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     COMPUTED_AT_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SLO_FIELD_NUMBER: _ClassVar[int]
     pool: str
     generation: int
     computed_at: _timestamp_pb2.Timestamp
     leader_id: str
     replicas: _containers.RepeatedCompositeFieldContainer[RouteEntry]
     schema_version: int
-    def __init__(self, pool: _Optional[str] = ..., generation: _Optional[int] = ..., computed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., leader_id: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[RouteEntry, _Mapping]]] = ..., schema_version: _Optional[int] = ...) -> None: ...
+    slo: PoolSlo
+    def __init__(self, pool: _Optional[str] = ..., generation: _Optional[int] = ..., computed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., leader_id: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[RouteEntry, _Mapping]]] = ..., schema_version: _Optional[int] = ..., slo: _Optional[_Union[PoolSlo, _Mapping]] = ...) -> None: ...
 
 class ReplicaPresence(_message.Message):
     __slots__ = ("replica_id", "pool", "endpoint", "region", "zone", "controlplane_id", "connected_at")
@@ -192,3 +194,41 @@ class DisruptionBudget(_message.Message):
     actor: str
     updated_at: _timestamp_pb2.Timestamp
     def __init__(self, scope: _Optional[str] = ..., min_available: _Optional[str] = ..., max_unavailable: _Optional[str] = ..., actor: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class PoolSlo(_message.Message):
+    __slots__ = ("pool", "ttft_s", "tpot_s", "actor", "updated_at")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    TPOT_S_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    ttft_s: float
+    tpot_s: float
+    actor: str
+    updated_at: _timestamp_pb2.Timestamp
+    def __init__(self, pool: _Optional[str] = ..., ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ..., actor: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ScaleRecommendation(_message.Message):
+    __slots__ = ("pool", "recommended_replicas", "current_replicas", "binding", "reason", "headroom", "prompt_tokens_per_s", "generation_tokens_per_s", "computed_at", "leader_id")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    BINDING_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    HEADROOM_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_AT_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    recommended_replicas: int
+    current_replicas: int
+    binding: str
+    reason: str
+    headroom: float
+    prompt_tokens_per_s: float
+    generation_tokens_per_s: float
+    computed_at: _timestamp_pb2.Timestamp
+    leader_id: str
+    def __init__(self, pool: _Optional[str] = ..., recommended_replicas: _Optional[int] = ..., current_replicas: _Optional[int] = ..., binding: _Optional[str] = ..., reason: _Optional[str] = ..., headroom: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., computed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., leader_id: _Optional[str] = ...) -> None: ...
