@@ -6,6 +6,9 @@ clock, then hands each request its token. Output text is deterministic filler (o
 token); the simulator has no EOS, so a request always produces exactly ``max_tokens`` tokens.
 Latency histograms are observed on the wall clock, as a real engine's are.
 
+Sampling fields (temperature, top_p, top_k, penalties, stop, seed, ...) are validated as vLLM
+validates them (simulator.validate): a wrong type or range answers 400 with vLLM's error body.
+
 Endpoints: POST /v1/completions, POST /v1/chat/completions (SSE when ``stream``), GET /v1/models,
 GET /health (503 while failing health), GET /metrics, and the simulator's own admin endpoints
 POST /sim/health ``{"healthy": bool}`` and GET /sim/stats.
@@ -56,6 +59,7 @@ from simulator import tokens
 from simulator.engine import Engine, RequestOutput
 from simulator.faults import FaultError, SimulatedGpus, layout_for, parse_fault
 from simulator.metrics import SimMetrics
+from simulator.validate import SamplingError, check_sampling, vllm_error_body
 from tidegate.errors import PromptTooLargeError, RequestError
 
 log = structlog.get_logger(__name__)
@@ -299,6 +303,10 @@ class SimServer:
         n = body.get("n", 1)
         if n != 1:
             raise _BadRequest(_error(400, "the simulator supports only n=1"))
+        try:
+            check_sampling(body, chat, max_tokens)
+        except SamplingError as exc:
+            raise _BadRequest(web.json_response(vllm_error_body(str(exc), exc.param), status=400)) from None
         if chat:
             messages = body.get("messages")
             if (not isinstance(messages, list) or not messages
@@ -308,6 +316,8 @@ class SimServer:
                 prompt_tokens = tokens.count_chat_tokens(messages)
             except TypeError as exc:
                 raise _BadRequest(_error(400, str(exc))) from None
+            except UnicodeEncodeError:  # a lone surrogate escape ("\ud800")
+                raise _BadRequest(_error(400, "'messages' holds text that is not valid Unicode")) from None
         else:
             prompt = body.get("prompt")
             if prompt is None:
@@ -316,6 +326,8 @@ class SimServer:
                 prompt_tokens = tokens.count_completion_prompt_tokens(prompt)
             except TypeError as exc:
                 raise _BadRequest(_error(400, str(exc))) from None
+            except UnicodeEncodeError:
+                raise _BadRequest(_error(400, "'prompt' holds text that is not valid Unicode")) from None
         return prompt_tokens, max_tokens, stream, include_usage
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
@@ -323,6 +335,8 @@ class SimServer:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             return _error(400, "request body is not valid JSON")
+        except RecursionError:
+            return _error(400, "request body is nested too deeply")
         try:
             prompt_tokens, max_tokens, stream, include_usage = self._parse(body, chat)
         except _BadRequest as bad:
