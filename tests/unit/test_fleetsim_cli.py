@@ -116,3 +116,39 @@ def test_plot_writes_pngs(tmp_path):
     names = {p.name for p in tmp_path.glob("*.png")}
     assert {"attainment_vs_load.png", "ttft_cdf_load0.3.png", "ttft_cdf_load0.6.png",
             "replica_load_tidegate_load0.3.png", "replica_load_random_load0.6.png"} <= names
+
+
+def test_routers_and_spread_through_the_cli(tmp_path):
+    out = tmp_path / "r.json"
+    proc = _run("--requests", "60", "--rate", "5", "--replicas", "2", "--policy", "llmd", "--routers", "1,3",
+                "--router-spread", "hash", "--max-requests", "40", "--load", "0.3", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert [(r["policy"], r["routers"], r["requests"]) for r in doc["runs"]] == [("llmd", 1, 40), ("llmd", 3, 40)]
+    for r in doc["runs"]:
+        assert {"prefix_hit_rate", "client_errors", "offered_rps", "seed"} <= set(r)
+    est = doc["capacity_estimate"]
+    assert est["method"] == "closed_loop" and est["fleet_rps"] > 0 and est["littles_law_rps"] > 0
+    assert _run("--requests", "5", "--router-spread", "sticky").returncode == 2
+    assert _run("--requests", "5", "--routers", "0").returncode == 2
+
+
+def test_find_capacity_json(tmp_path):
+    out = tmp_path / "cap.json"
+    proc = _run("--requests", "120", "--rate", "5", "--replicas", "2", "--policy", "least_request,round_robin",
+                "--find-capacity", "--attainment", "0.9", "--seeds", "2", "--jobs", "2", "--slo-ttft", "1s",
+                "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "SLO capacity rps" in proc.stdout
+    doc = json.loads(out.read_text())
+    rows = {r["policy"]: r for r in doc["capacity"]}
+    assert set(rows) == {"least_request", "round_robin"}
+    for r in rows.values():
+        assert {"policy", "slo_capacity_rps", "load", "attainment", "routers", "seeds"} <= set(r)
+        assert r["seeds"] == [0, 1] and r["routers"] == 1
+        assert r["slo_capacity_rps_min"] <= r["slo_capacity_rps"] <= r["slo_capacity_rps_max"]
+        assert r["attainment"] >= 0.9 and r["slo_capacity_rps"] > 0
+        assert r["load"] == pytest.approx(r["slo_capacity_rps"] / doc["capacity_estimate"]["fleet_rps"], abs=1e-3)
+    # Every run of the searches is in "runs", with the same 120 requests at each rate.
+    assert doc["runs"] and all(r["requests"] == 120 for r in doc["runs"])
+    assert _run("--requests", "5", "--find-capacity", "--load", "0.5").returncode == 2
