@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "events": ("tidegate.ops.commands.events", "The audit trail: SRE actions and automatic decisions."),
     "top": ("tidegate.ops.commands.top", "Live view of pools and replicas."),
     "budget": ("tidegate.ops.commands.budget", "Set, list or delete disruption budgets (per pool or region)."),
+    "pool": ("tidegate.ops.commands.pool", "Set, show or clear a pool's SLO targets (TTFT, TPOT)."),
 }
 
 

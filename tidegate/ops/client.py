@@ -145,6 +145,12 @@ class AdminClient:
     async def list_budgets(self) -> admin_pb2.ListBudgetsResponse:
         return await self._unary("ListBudgets", admin_pb2.ListBudgetsRequest())
 
+    async def set_pool_slo(self, slo: records_pb2.PoolSlo, clear: bool = False) -> admin_pb2.SetPoolSloResponse:
+        return await self._unary("SetPoolSlo", admin_pb2.SetPoolSloRequest(slo=slo, clear=clear))
+
+    async def get_pool_slo(self, pool: str = "") -> admin_pb2.GetPoolSloResponse:
+        return await self._unary("GetPoolSlo", admin_pb2.GetPoolSloRequest(pool=pool))
+
     async def watch_events(self, replica_id: str = "", *, retry_s: float = 1.0
                            ) -> AsyncIterator[records_pb2.Event]:
         """Events as they happen, for as long as the caller iterates. A stream cut by a control

@@ -168,15 +168,33 @@ def _slo(p: admin_pb2.PoolSummary) -> str:
     return "-" if p.slo_attainment < 0 else fmt_pct(p.slo_attainment)
 
 
+def slo_text(slo: records_pb2.PoolSlo) -> str:
+    """"2.00s/100ms": the TTFT and TPOT targets."""
+    return f"{fmt_ms(slo.ttft_s * 1000)}/{fmt_ms(slo.tpot_s * 1000)}"
+
+
+def slo_json(slo: records_pb2.PoolSlo) -> dict[str, Any]:
+    return {"pool": slo.pool, "ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "actor": slo.actor,
+            "updated_at": timestamp_iso(slo.updated_at)}
+
+
+def scale_json(r: records_pb2.ScaleRecommendation) -> dict[str, Any]:
+    return {"recommended_replicas": r.recommended_replicas or None, "current_replicas": r.current_replicas,
+            "binding": r.binding, "reason": r.reason, "headroom": r.headroom,
+            "prompt_tokens_per_s": r.prompt_tokens_per_s, "generation_tokens_per_s": r.generation_tokens_per_s,
+            "computed_at": timestamp_iso(r.computed_at)}
+
+
 def pool_row(p: admin_pb2.PoolSummary) -> list[str]:
     total = sum(p.replicas_by_state.values())
     return [p.pool, str(total), str(p.available), states_text(p.replicas_by_state), f"{p.total_weight:.2f}",
-            f"{p.demand_rps:.1f}", _slo(p), str(p.recommended_replicas) if p.recommended_replicas else "-",
+            f"{p.demand_rps:.1f}", slo_text(p.slo) if p.HasField("slo") else "-", _slo(p),
+            str(p.recommended_replicas) if p.recommended_replicas else "-",
             "; ".join(budget_text(b) for b in p.budgets) or "-", str(p.generation)]
 
 
-POOL_HEADERS = ("POOL", "REPLICAS", "AVAILABLE", "STATES", "WEIGHT", "DEMAND(RPS)", "SLO", "RECOMMENDED",
-                "BUDGETS", "GEN")
+POOL_HEADERS = ("POOL", "REPLICAS", "AVAILABLE", "STATES", "WEIGHT", "DEMAND(RPS)", "TTFT/TPOT", "SLO",
+                "RECOMMENDED", "BUDGETS", "GEN")
 
 
 def pools_table(resp: admin_pb2.ListPoolsResponse) -> str:
@@ -191,7 +209,22 @@ def pool_json(p: admin_pb2.PoolSummary) -> dict[str, Any]:
             "total_weight": p.total_weight, "demand_rps": p.demand_rps,
             "slo_attainment": None if p.slo_attainment < 0 else p.slo_attainment,
             "recommended_replicas": p.recommended_replicas,
+            "slo": slo_json(p.slo) if p.HasField("slo") else None,
+            "scale": scale_json(p.scale) if p.HasField("scale") else None,
             "budgets": [budget_json(b) for b in p.budgets]}
+
+
+def slos_table(slos: Sequence[records_pb2.PoolSlo]) -> str:
+    if not slos:
+        return "No pool SLOs."
+    rows = [[s.pool, fmt_ms(s.ttft_s * 1000), fmt_ms(s.tpot_s * 1000), s.actor or "-",
+             timestamp_iso(s.updated_at) or "-"] for s in sorted(slos, key=lambda s: s.pool)]
+    return table(("POOL", "TTFT", "TPOT", "ACTOR", "UPDATED"), rows)
+
+
+def slos_json(slos: Sequence[records_pb2.PoolSlo]) -> dict[str, Any]:
+    return {"api_version": API_VERSION, "kind": "PoolSloList",
+            "slos": [slo_json(s) for s in sorted(slos, key=lambda s: s.pool)]}
 
 
 def pools_json(resp: admin_pb2.ListPoolsResponse) -> dict[str, Any]:
