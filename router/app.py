@@ -74,7 +74,8 @@ def build_app(proxy: Proxy, tables: RoutingTables, metrics: RouterMetrics, route
             "synced": synced,
             "etcd_healthy": tables.etcd_healthy,
             "pools": {pool: {"generation": t.generation, "replicas": len(t.entries),
-                             "routable": sum(1 for e in t.entries if routable(e.weight))}
+                             "routable": sum(1 for e in t.entries if routable(e.weight)),
+                             "slo": {"ttft_s": t.slo.ttft_s, "tpot_s": t.slo.tpot_s} if t.slo else None}
                       for pool, t in sorted(tables.pools().items())},
         }
         return web.Response(status=200 if synced else 503, text=json.dumps(body),

@@ -82,6 +82,11 @@ class RouterConfig(ConfigBase, EtcdFields):
                                                 "and this router's in-flight counts) or a baseline "
                                                 "(see tidegate/policy/baselines/README.md).")
 
+    trust_priority_header: bool = Field(
+        False, description="Read each request's priority class (critical, standard, sheddable) from its "
+        "x-tidegate-priority header; a bad value is a 400. Only behind a gateway that sets or strips that "
+        "header: otherwise any client could promote itself. Off: every request is standard.")
+
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, v: str) -> str:
@@ -163,7 +168,8 @@ async def serve(cfg: RouterConfig) -> int:
     proxy = Proxy(tables, session, inflight, budget, metrics, random.Random(cfg.seed),
                   ProxySettings(max_retries=cfg.max_retries, first_byte_timeout_s=cfg.first_byte_timeout_s,
                                 policy=cfg.policy, body_timeout_s=cfg.body_timeout_s,
-                                max_json_depth=cfg.max_json_depth))
+                                max_json_depth=cfg.max_json_depth,
+                                trust_priority_header=cfg.trust_priority_header))
     app = build_app(proxy, tables, metrics, router_id, cfg.max_body_bytes)
     door = FrontDoor(FrontDoorLimits(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
                                      keepalive_timeout_s=cfg.keepalive_timeout_s,

@@ -68,6 +68,15 @@ class RouterMetrics:
         self.ttft = Histogram("tidegate_router_ttft_seconds",
                               "Streaming requests: arrival at the router to the first body chunk sent.",
                               ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        # Per priority class (critical, standard, sheddable; "unknown" when refused before the
+        # class was read). Separate series, so the per-model ones above keep their labels.
+        self.class_requests = Counter(
+            "tidegate_router_class_requests", "Requests answered, by model, priority class and HTTP status.",
+            ["model", "priority", "status"], registry=r)
+        self.class_ttft = Histogram(
+            "tidegate_router_class_ttft_seconds",
+            "Streaming requests: arrival at the router to the first body chunk sent, by priority class.",
+            ["model", "priority"], buckets=_LATENCY_BUCKETS, registry=r)
         self.retries = Counter("tidegate_router_retries", "Retries to another replica, by reason.",
                                ["model", "reason"], registry=r)
         self.retry_refused = Counter("tidegate_router_retry_budget_exhausted",

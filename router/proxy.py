@@ -36,6 +36,7 @@ from router.inflight import InflightCounter
 from router.metrics import RouterMetrics
 from router.parse import DEFAULT_MAX_JSON_DEPTH, BadRequest, error_body, parse_request, request_prefix_hashes
 from router.refusals import ConnectRefusals
+from router.reqclass import BadHeader, RequestClass, classify
 from router.tables import PoolTable, RoutingTables
 from tidegate.policy import registry
 from tidegate.policy.pick import RequestFeatures
@@ -55,6 +56,7 @@ _DROP_RESPONSE = HOP_BY_HOP | {"content-length", "server", "date"}
 REPLICA_HEADER = "X-Tidegate-Replica"
 _POOL = web.RequestKey("tidegate_pool", str)      # the pool, once the model is known to be one
 _STATUS = web.RequestKey("tidegate_status", str)  # metric status when it differs from the HTTP one
+_CLASS = web.RequestKey("tidegate_class", str)    # the priority class, once read
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class ProxySettings:
     policy: str = "tidegate"        # a name in tidegate.policy.registry
     body_timeout_s: float = 30.0    # to read a request's whole body once its headers are in (408)
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    trust_priority_header: bool = False  # read x-tidegate-priority (else every request is standard)
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ class Proxy:
             raise
         finally:
             self._metrics.requests.labels(model, status).inc()
+            self._metrics.class_requests.labels(model, request.get(_CLASS, "unknown"), status).inc()
             if model != "_none":
                 self._metrics.duration.labels(model).observe(self._clock() - t0)
 
@@ -177,28 +181,34 @@ class Proxy:
             return json_error(404, f"the model {features.model!r} does not exist", "invalid_request_error",
                               param="model", code="model_not_found")
         request[_POOL] = table.pool
+        try:
+            rclass = classify(request.headers, trust_priority=self._settings.trust_priority_header,
+                              pool_slo=table.slo)
+        except BadHeader as exc:
+            return json_error(400, str(exc), "invalid_request_error", param=exc.header, code=exc.error_code)
+        request[_CLASS] = rclass.name
         self._budget.on_request()
         if getattr(self._policy(table.pool), "uses_prefix_hashes", False):
             features = dataclasses.replace(features, prefix_hashes=request_prefix_hashes(request.path, payload))
-        return await self._route(request, body, table, features, t0)
+        return await self._route(request, body, table, features, t0, rclass)
 
     async def _route(self, request: web.Request, body: bytes, table: PoolTable, features: RequestFeatures,
-                     t0: float) -> web.StreamResponse:
+                     t0: float, rclass: RequestClass) -> web.StreamResponse:
         tried: list[str] = []
         failure: _Failure | None = None
         policy = self._policy(table.pool)
         req = registry.RequestFeatures(prompt_tokens=features.prompt_tokens, max_tokens=features.max_tokens,
-                                       prefix_hashes=features.prefix_hashes)
+                                       prefix_hashes=features.prefix_hashes, priority=rclass.priority)
         avoid = self._refusals.avoided()
         while True:
             inflight = self._inflight.snapshot()
             choice = None
             if avoid:
-                choice = policy.pick(registry.PoolSnapshot(table.entries, inflight, avoid.union(tried)), req,
-                                     self._rng)
+                choice = policy.pick(registry.PoolSnapshot(table.entries, inflight, avoid.union(tried),
+                                                           slo=rclass.slo), req, self._rng)
             if choice is None:
-                choice = policy.pick(registry.PoolSnapshot(table.entries, inflight, frozenset(tried)), req,
-                                     self._rng)
+                choice = policy.pick(registry.PoolSnapshot(table.entries, inflight, frozenset(tried),
+                                                           slo=rclass.slo), req, self._rng)
             if choice is None:
                 break
             if failure is not None:  # this would be a retry
@@ -285,7 +295,9 @@ class Proxy:
             if first:
                 await out.write(first)
                 if features.stream or is_sse:
-                    self._metrics.ttft.labels(table.pool).observe(self._clock() - t0)
+                    ttft = self._clock() - t0
+                    self._metrics.ttft.labels(table.pool).observe(ttft)
+                    self._metrics.class_ttft.labels(table.pool, request.get(_CLASS, "unknown")).observe(ttft)
             while True:
                 try:
                     chunk = await upstream.content.readany()

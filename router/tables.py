@@ -15,7 +15,7 @@ from types import MappingProxyType
 import structlog
 
 from tidegate import codec, keys
-from tidegate.policy.registry import RouteInfo
+from tidegate.policy.registry import RouteInfo, SloTargets
 from tidegate.store.api import KeyValue
 from tidegate.v1.records_pb2 import RoutingTable
 
@@ -29,6 +29,7 @@ class PoolTable:
     mod_revision: int
     computed_at_s: float | None      # unix seconds, None when the leader did not set it
     entries: tuple[RouteInfo, ...]
+    slo: SloTargets | None = None    # the pool's SLO, carried in the same record (one revision)
 
     @property
     def has_replicas(self) -> bool:
@@ -44,7 +45,16 @@ def to_pool_table(pool: str, kv: KeyValue) -> PoolTable:
         for r in msg.replicas
         if r.replica_id and r.endpoint
     )
-    return PoolTable(pool, msg.generation, kv.mod_revision, computed, entries)
+    return PoolTable(pool, msg.generation, kv.mod_revision, computed, entries, _slo(msg))
+
+
+def _slo(msg: RoutingTable) -> SloTargets | None:
+    if not msg.HasField("slo"):
+        return None
+    try:
+        return SloTargets(ttft_s=msg.slo.ttft_s, tpot_s=msg.slo.tpot_s)
+    except ValueError:  # the control plane validates; a bad record means the policy default
+        return None
 
 
 class RoutingTables:
