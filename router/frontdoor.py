@@ -183,10 +183,27 @@ class GuardedRequestHandler(web_protocol.RequestHandler):
         super().__init__(manager, **kwargs)
         self._door = door
         self._header_timer: asyncio.TimerHandle | None = None
+        self._started = False
+        self._evicted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._evicted:  # evicted between accept and now: never serve it
+            transport.close()
+            return
+        super().connection_made(transport)
+
+    async def start(self) -> None:
+        self._started = True
+        await super().start()
 
     @property
     def waiting_for_request(self) -> bool:
-        """No request being handled: idle, or its next request's headers still coming."""
+        """No request being handled: idle, or its next request's headers still coming. A
+        connection accepted in the same loop turn has not started its task yet: idle too."""
+        if self._messages:
+            return False
+        if not self._started:
+            return True
         waiter = self._waiter
         return waiter is not None and not waiter.done()
 
@@ -206,7 +223,7 @@ class GuardedRequestHandler(web_protocol.RequestHandler):
     def _header_timeout(self) -> None:
         self._header_timer = None
         transport = self.transport
-        if transport is None or not self.waiting_for_request or self._messages:
+        if transport is None or not self.waiting_for_request:
             return  # a request is being handled: the body timeout and first-byte timeout apply
         self._door.event("header_timeout")
         transport.write(HEADER_TIMEOUT_RESPONSE)
@@ -215,6 +232,7 @@ class GuardedRequestHandler(web_protocol.RequestHandler):
     def evict(self) -> None:
         """Closed to make room for a new connection; it had no request in progress."""
         self._cancel_header_timer()
+        self._evicted = True
         self.force_close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
