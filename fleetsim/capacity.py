@@ -127,8 +127,13 @@ class Capacity:
     capped: bool = False        # still >= target at hi_limit: the capacity is at least `load`
 
 
+SEARCH_LO_LIMIT = 0.05
+SEARCH_HI_LIMIT = 8.0
+
+
 def search_capacity(measure: Callable[[float], float], target: float, *, start: float = 1.0, tol: float = 0.02,
-                    grow: float = 1.3, lo_limit: float = 0.05, hi_limit: float = 8.0) -> Capacity:
+                    grow: float = 1.3, lo_limit: float = SEARCH_LO_LIMIT, hi_limit: float = SEARCH_HI_LIMIT
+                    ) -> Capacity:
     """The highest load x with measure(x) >= target, to within `tol` of x (hi - lo <= tol * lo).
 
     Brackets from `start` by factors of `grow` (up while it passes, down while it fails), then
