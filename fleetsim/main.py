@@ -112,6 +112,9 @@ class SimulateConfig(ConfigBase):
     seeds: int = Field(1, ge=1, description="Repeat every run with seeds seed..seed+K-1; capacities are reported "
                                             "as mean and spread.")
     jobs: int = Field(1, ge=1, description="Parallel worker processes (one run, or one capacity search, each).")
+    class_mix: str | None = Field(None, description="Give requests classes at random (seeded), e.g. "
+                                                    "critical=0.2,standard=0.5,sheddable=0.3 (priorities 1, 0, -1); "
+                                                    "replaces the trace's own classes.")
     json_path: Path | None = Field(None, description="Write {'runs': [...]} to this file.")
     plot: Path | None = Field(None, description="Write PNG plots to this directory (needs matplotlib: "
                                                 "pip install 'tidegate[plot]').")
@@ -136,6 +139,13 @@ class SimulateConfig(ConfigBase):
     def _routers_positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if not v or any(x < 1 for x in v):
             raise ValueError("every router count must be >= 1")
+        return v
+
+    @field_validator("class_mix")
+    @classmethod
+    def _class_mix(cls, v: str | None) -> str | None:
+        if v is not None:
+            workload.parse_class_mix(v)
         return v
 
     @field_validator("router_spread")
@@ -243,7 +253,11 @@ def base_requests(cfg: SimulateConfig) -> list[workload.SimRequest]:
                                       burstiness=cfg.burstiness, lengths=cfg.lengths, prompt_mean=cfg.prompt_mean,
                                       output_mean=cfg.output_mean)
         reqs = workload.synthetic(spec, cfg.seed)
-    return reqs[:cfg.max_requests] if cfg.max_requests is not None else reqs
+    if cfg.max_requests is not None:
+        reqs = reqs[:cfg.max_requests]
+    if cfg.class_mix is not None:
+        reqs = workload.assign_classes(reqs, workload.parse_class_mix(cfg.class_mix), cfg.seed)
+    return reqs
 
 
 def _slos(cfg: SimulateConfig) -> tuple[float, float]:

@@ -145,6 +145,43 @@ def scale_arrivals(reqs: Sequence[SimRequest], factor: float) -> list[SimRequest
     return [replace(r, arrival_s=r.arrival_s / factor) for r in reqs]
 
 
+# Gateway API Inference Extension criticalities as integer priorities (higher = more important,
+# < 0 = sheddable), the convention `RequestFeatures.priority` follows.
+CLASS_PRIORITY = {"critical": 1, "standard": 0, "sheddable": -1}
+
+
+def parse_class_mix(text: str) -> dict[str, float]:
+    """'critical=0.2,standard=0.5,sheddable=0.3' -> shares normalised to sum to 1."""
+    mix: dict[str, float] = {}
+    for item in text.split(","):
+        name, sep, share = item.strip().partition("=")
+        name = name.strip()
+        if not sep or name not in CLASS_PRIORITY:
+            raise ValueError(f"class mix item {item.strip()!r}: want NAME=SHARE with NAME one of "
+                             f"{', '.join(CLASS_PRIORITY)}")
+        try:
+            value = float(share)
+        except ValueError:
+            raise ValueError(f"class mix item {item.strip()!r}: SHARE must be a number") from None
+        if not (value >= 0 and math.isfinite(value)) or name in mix:
+            raise ValueError(f"class mix item {item.strip()!r}: SHARE must be >= 0 and each class given once")
+        mix[name] = value
+    total = sum(mix.values())
+    if not total > 0:
+        raise ValueError("class mix: the shares must not all be 0")
+    return {k: v / total for k, v in mix.items()}
+
+
+def assign_classes(reqs: Sequence[SimRequest], mix: dict[str, float], seed: int) -> list[SimRequest]:
+    """Each request gets a class drawn from `mix` (seeded; independent of arrival times, so a load
+    sweep keeps every request's class) and that class's priority."""
+    rng = random.Random(f"classes/{seed}")
+    names = list(mix)
+    weights = [mix[n] for n in names]
+    return [replace(r, klass=k, priority=CLASS_PRIORITY[k])
+            for r, k in zip(reqs, rng.choices(names, weights, k=len(reqs)), strict=True)]
+
+
 def cut(reqs: Sequence[SimRequest], duration_s: float | None) -> list[SimRequest]:
     """Requests arriving before `duration_s` (all when None)."""
     if duration_s is None:

@@ -152,3 +152,35 @@ def test_find_capacity_json(tmp_path):
     # Every run of the searches is in "runs", with the same 120 requests at each rate.
     assert doc["runs"] and all(r["requests"] == 120 for r in doc["runs"])
     assert _run("--requests", "5", "--find-capacity", "--load", "0.5").returncode == 2
+
+
+def test_class_mix_through_the_cli(tmp_path):
+    out = tmp_path / "c.json"
+    proc = _run("--requests", "200", "--rate", "5", "--replicas", "2", "--policy", "least_request", "--load", "0.5",
+                "--class-mix", "critical=0.2,standard=0.5,sheddable=0.3", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (run,) = json.loads(out.read_text())["runs"]
+    assert set(run["slo_attainment_by_class"]) == {"critical", "standard", "sheddable"}
+    assert _run("--requests", "5", "--class-mix", "gold=1").returncode == 2
+
+
+def test_bench_tables_renders_a_capacity_table(tmp_path):
+    doc = {"capacity_estimate": {"method": "closed_loop", "fleet_rps": 100.0, "littles_law_rps": 90.0},
+           "runs": [],
+           "capacity": [
+               {"policy": "a", "routers": 1, "slo_capacity_rps": 50.0, "load": 0.5, "attainment": 0.96},
+               {"policy": "b", "routers": 1, "slo_capacity_rps": 80.0, "load": 0.8, "attainment": 0.951,
+                "capped": True},
+               {"policy": "a", "routers": 4, "slo_capacity_rps": 45.0, "load": 0.45, "attainment": 0.97,
+                "slo_capacity_rps_min": 44.0, "slo_capacity_rps_max": 46.0}]}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(doc))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_tables.py"), str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "### trace"
+    assert lines[2].startswith("| policy | 1 router: rps (load) | att. | 4 routers: rps (load) | att. |")
+    assert lines[4] == "| b | ≥80.0 (0.80) | 95.1% | - | - |"   # best 1-router capacity first
+    assert lines[5] == "| a | 50.0 (0.50) | 96.0% | 45.0 ± 1.0 (0.45) | 97.0% |"
+    assert "Load 1.0 = 100.0 req/s" in proc.stdout

@@ -133,3 +133,33 @@ def test_scale_and_cut():
 def test_real_azure_trace_loads():
     reqs = workload.load(SHARED / "AzureLLMInferenceTrace_conv.csv")
     assert len(reqs) == 19366 and reqs[0].arrival_s == 0.0
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("critical=0.2,standard=0.5,sheddable=0.3", {"critical": 0.2, "standard": 0.5, "sheddable": 0.3}),
+    ("critical=1, sheddable=3", {"critical": 0.25, "sheddable": 0.75}),
+    ("standard=2", {"standard": 1.0}),
+])
+def test_parse_class_mix(text, want):
+    assert workload.parse_class_mix(text) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("text", ["", "gold=1", "critical", "critical=x", "critical=-1", "critical=0",
+                                  "critical=1,critical=2"])
+def test_parse_class_mix_rejects(text):
+    with pytest.raises(ValueError):
+        workload.parse_class_mix(text)
+
+
+def test_assign_classes_is_seeded_and_follows_the_mix():
+    reqs = [workload.SimRequest(i, float(i), 100, 10) for i in range(3000)]
+    mix = workload.parse_class_mix("critical=0.2,standard=0.5,sheddable=0.3")
+    a = workload.assign_classes(reqs, mix, seed=4)
+    assert a == workload.assign_classes(reqs, mix, seed=4)
+    assert a != workload.assign_classes(reqs, mix, seed=5)
+    share = {k: sum(r.klass == k for r in a) / len(a) for k in mix}
+    assert share == pytest.approx(mix, abs=0.03)
+    assert all(r.priority == workload.CLASS_PRIORITY[r.klass] for r in a)
+    # Classes do not depend on the arrival times: a compressed replay keeps them.
+    assert [r.klass for r in workload.assign_classes(workload.scale_arrivals(reqs, 2.0), mix, 4)] == \
+        [r.klass for r in a]
