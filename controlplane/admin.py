@@ -3,7 +3,8 @@
 Every call is authenticated (controlplane/auth.py): viewers read, operators also change.
 Only the leader ingests telemetry, so fleet-dependent calls (list, describe, pools, intents,
 drain status) made to a standby are forwarded to the leader (address from its LeaderRecord)
-with the caller's own metadata. Events and budgets live in etcd and are served anywhere.
+with the caller's own metadata. Events, budgets and pool SLOs live in etcd and are served
+anywhere; the leader watches the SLO records and copies them into the routing tables.
 
 Intents (cordon, drain) are ReplicaIntent records in etcd. On the leader an intent change
 is applied to the fleet and the affected tables are published before the RPC returns, so
@@ -14,7 +15,7 @@ drain check disruption budgets (tidegate/policy/budgets.py) unless forced.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -28,6 +29,8 @@ from controlplane.events import EventLog
 from controlplane.fleet import FleetState
 from controlplane.pools import pool_summaries
 from controlplane.publisher import TablePublisher
+from controlplane.slo import decode_all as decode_slos
+from controlplane.slo import validate as validate_slo
 from tidegate import codec, keys
 from tidegate.errors import StoreError
 from tidegate.policy import budgets as budget_policy
@@ -63,6 +66,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         apply_intent: ApplyIntent = _noop_apply,
         slo_ttft_ms: float = 0.0,
         slo_itl_ms: float = 0.0,
+        scale: Callable[[], Mapping[str, records_pb2.ScaleRecommendation]] = dict,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._fleet = fleet
@@ -74,6 +78,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self._events = events
         self._apply = apply_intent
         self._slo = (slo_ttft_ms, slo_itl_ms)
+        self._scale = scale
         self._wall = wall_clock
         self._channels: dict[str, grpc.aio.Channel] = {}
 
@@ -191,7 +196,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             return await self._forward("ListPools", request, admin_pb2.ListPoolsResponse, context)
         budgets = await self._budgets(context)
         pools = pool_summaries(self._fleet, budgets, self._publisher.generation,
-                               slo_ttft_ms=self._slo[0], slo_itl_ms=self._slo[1])
+                               slo_ttft_ms=self._slo[0], slo_itl_ms=self._slo[1],
+                               slos=await self._pool_slos(context), scale=self._scale())
         return admin_pb2.ListPoolsResponse(pools=pools)
 
     async def DrainStatus(self, request: admin_pb2.DrainStatusRequest,  # noqa: N802
@@ -404,6 +410,57 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         await self._auth.require(context, VIEWER)
         budgets = await self._budgets(context)
         return admin_pb2.ListBudgetsResponse(budgets=[budgets[k] for k in sorted(budgets)])
+
+    # ------------------------------------------------------------ pool SLOs
+
+    async def _pool_slos(self, context: grpc.aio.ServicerContext) -> dict[str, records_pb2.PoolSlo]:
+        try:
+            listing = await self._store.list_prefix(keys.SLOS)
+        except StoreError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
+        return decode_slos({kv.key: kv for kv in listing.items})
+
+    async def SetPoolSlo(self, request: admin_pb2.SetPoolSloRequest,  # noqa: N802
+                         context: grpc.aio.ServicerContext) -> admin_pb2.SetPoolSloResponse:
+        who = await self._auth.require(context, OPERATOR)
+        slo = records_pb2.PoolSlo(pool=request.slo.pool, ttft_s=request.slo.ttft_s, tpot_s=request.slo.tpot_s)
+        try:
+            if request.clear:
+                if not slo.pool:
+                    raise ValueError("no pool named")
+            else:
+                validate_slo(slo)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"slo: {e}")
+        try:
+            kv = await self._store.get(keys.slo(slo.pool))
+            try:
+                current = codec.decode(kv.value, records_pb2.PoolSlo) if kv else None
+            except codec.DecodeError:
+                current = records_pb2.PoolSlo()  # unreadable: replaced (or deleted) like any other
+            if request.clear:
+                if current is None:
+                    return admin_pb2.SetPoolSloResponse(message="no SLO set")
+                await self._store.delete(keys.slo(slo.pool))
+                await self._events.record("slo_changed", pool=slo.pool, actor=who.actor, reason="SLO cleared")
+                return admin_pb2.SetPoolSloResponse(message="cleared")
+            if current is not None and (current.ttft_s, current.tpot_s) == (slo.ttft_s, slo.tpot_s):
+                return admin_pb2.SetPoolSloResponse(slo=current, message="unchanged")
+            slo.actor = who.actor
+            slo.updated_at.CopyFrom(_timestamp(self._wall()))
+            await self._store.put(keys.slo(slo.pool), codec.encode(slo))
+        except StoreError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
+        await self._events.record("slo_changed", pool=slo.pool, actor=who.actor,
+                                  reason=f"ttft {slo.ttft_s:g}s tpot {slo.tpot_s:g}s")
+        return admin_pb2.SetPoolSloResponse(slo=slo, message="set")
+
+    async def GetPoolSlo(self, request: admin_pb2.GetPoolSloRequest,  # noqa: N802
+                         context: grpc.aio.ServicerContext) -> admin_pb2.GetPoolSloResponse:
+        await self._auth.require(context, VIEWER)
+        slos = await self._pool_slos(context)
+        chosen = [slos[p] for p in sorted(slos) if not request.pool or p == request.pool]
+        return admin_pb2.GetPoolSloResponse(slos=chosen)
 
 
 def _event_reason(verb: str, request: Any, force: bool) -> str:

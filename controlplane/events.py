@@ -2,7 +2,7 @@
 
 Key = keys.EVENTS + "<unix ns, 20 digits>-<controlplane id>", so keys sort by time and two
 instances never collide. Kinds: cordon, uncordon, drain, drain_complete, drain_forced,
-drain_timeout, eject, readmit, stale, removed, leader, budget_changed.
+drain_timeout, eject, readmit, stale, removed, leader, budget_changed, slo_changed.
 
 Retention: the newest `keep` events stay; `trim_loop` deletes older ones in the background.
 Watchers (WatchEvents) are fed by a WatchCache on the prefix, one queue per subscriber.
@@ -25,7 +25,7 @@ from tidegate.v1 import records_pb2
 log = structlog.get_logger(__name__)
 
 KINDS = ("cordon", "uncordon", "drain", "drain_complete", "drain_forced", "drain_timeout", "eject",
-         "readmit", "stale", "removed", "leader", "budget_changed")
+         "readmit", "stale", "removed", "leader", "budget_changed", "slo_changed")
 
 
 def event_key(ns: int, controlplane_id: str) -> str:

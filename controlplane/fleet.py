@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from tidegate.policy import faults
+from tidegate.policy.rates import EngineRates, RateEstimator, WorkWindow
 from tidegate.policy.weights import ReplicaDecision, ReplicaView, WeightPolicyConfig, decide
 from tidegate.v1 import records_pb2, telemetry_pb2
 
@@ -134,6 +135,15 @@ class ReplicaRecord:
     preemptions_per_s: float = 0.0
     streams: int = 0                   # open telemetry streams for this replica on this instance
     fault: faults.FaultState = field(default_factory=faults.FaultState)
+    rates: RateEstimator = field(default_factory=RateEstimator)  # fitted from this endpoint's reports
+
+
+def _rate_estimator(hello: telemetry_pb2.Hello) -> RateEstimator:
+    """A fresh fit, seeded with the hello's profile figures when it carries all three."""
+    prior = EngineRates(prefill_tokens_per_s=hello.prior_prefill_tokens_per_s,
+                        decode_step_base_ms=hello.prior_decode_step_base_ms,
+                        decode_step_per_seq_ms=hello.prior_decode_step_per_seq_ms)
+    return RateEstimator(prior=prior if prior.complete else None)
 
 
 @dataclass(frozen=True)
@@ -173,8 +183,11 @@ class FleetState:
         rec = self._replicas.get(hello.replica_id)
         now = self._now()
         if rec is None:
-            self._replicas[hello.replica_id] = ReplicaRecord(hello=hello, hello_at=now)
+            self._replicas[hello.replica_id] = ReplicaRecord(hello=hello, hello_at=now, rates=_rate_estimator(hello))
         else:
+            if hello.endpoint != rec.hello.endpoint:
+                # Another engine behind the same id: what was learnt describes the old one.
+                rec.rates = _rate_estimator(hello)
             rec.hello = hello
             rec.hello_at = now
 
@@ -193,6 +206,8 @@ class FleetState:
             # A counter that went down means the engine restarted: no rate this time.
             rate = delta / (now - rec.report_at) if delta > 0 else 0.0
         rec.report, rec.report_at, rec.stats, rec.preemptions_per_s = report, now, stats, rate
+        if report.HasField("engine") and report.engine.HasField("work"):
+            rec.rates.observe(WorkWindow.from_proto(report.engine.work))
         signals = faults.FaultSignals(
             healthy=stats.healthy, engine_error=stats.engine_error, xid_events=stats.xid_events,
             ecc_uncorrected=stats.ecc_uncorrected, gpu_lost=stats.gpu_lost, oom=stats.oom,
@@ -285,13 +300,15 @@ class FleetState:
         )
         if rec.report is None:
             return base
+        rates = rec.rates.published
         return replace(
             base,
             healthy=s.healthy, engine_error=s.engine_error, running=s.running, waiting=s.waiting,
             kv_capacity_tokens=s.kv_capacity_tokens, kv_free_tokens=s.kv_free_tokens, kv_usage=s.kv_usage,
             ttft_p95_ms=s.ttft_p95_ms, itl_p95_ms=s.itl_p95_ms, preemptions_per_s=rec.preemptions_per_s,
             gpu_telemetry_available=s.gpu_telemetry_available, gpu_faults=s.gpu_faults,
-            telemetry_flags=s.flags,
+            telemetry_flags=s.flags, prefill_tokens_per_s=rates.prefill_tokens_per_s,
+            decode_step_base_ms=rates.decode_step_base_ms, decode_step_per_seq_ms=rates.decode_step_per_seq_ms,
         )
 
 

@@ -30,6 +30,7 @@ from controlplane.fleet import FleetState
 from controlplane.leader import Leadership
 from controlplane.metrics import Metrics
 from controlplane.publisher import TablePublisher
+from controlplane.slo import PoolSlos, ScaleReporter
 from controlplane.telemetry import TelemetryService
 from tidegate import codec, config, keys, logs
 from tidegate.errors import StoreError
@@ -141,6 +142,10 @@ class ControlPlane:
         self._wake = asyncio.Event()
         self.intents = WatchCache(self.store, keys.INTENTS, on_change=lambda k, kv: self._wake.set())
         self.routers = WatchCache(self.store, keys.ROUTERS, on_change=lambda k, kv: self._wake.set())
+        # Pool SLOs (any instance may write one) go into the tables at once; the scale
+        # recommendation is recomputed every tick and written when it changes.
+        self.slos = PoolSlos(self.store, on_change=self._wake.set)
+        self.scale = ScaleReporter(self.store, cp_id, registry=self.metrics.registry)
         self.events = EventLog(self.store, cp_id, keep=cfg.events_keep)
         self._intent_cache: dict[str, tuple[int, records_pb2.ReplicaIntent]] = {}
         # Intents written by this instance that its WatchCache may not have seen yet:
@@ -163,6 +168,7 @@ class ControlPlane:
 
     def _elected(self) -> None:
         self.publisher.reset()
+        self.scale.reset()
         self._last_state.clear()
         self.metrics.leader.set(1)
         task = asyncio.get_running_loop().create_task(
@@ -263,8 +269,11 @@ class ControlPlane:
         self.metrics.replicas.set(len(self.fleet))
         if leader:
             tables = compute_pool_tables(self.fleet.views(), self.fleet.policy)
-            await self.publisher.publish(tables, lambda: self.leadership.is_leader)
+            await self.publisher.publish(tables, lambda: self.leadership.is_leader,
+                                         slos=self.slos.all() if self.slos.synced else None)
             await self._record_transitions()
+            self.scale.compute(tables, self.fleet, self.slos.all())
+            await self.scale.publish(lambda: self.leadership.is_leader)
         elapsed = time.perf_counter() - started
         self.metrics.tick_seconds.observe(elapsed)
         if elapsed > self.cfg.tick_s:
@@ -296,7 +305,8 @@ class ControlPlane:
         telemetry_pb2_grpc.add_TelemetryServicer_to_server(telemetry, server)
         admin = AdminService(self.fleet, self.store, self.publisher, self.id, lambda: self.leadership.is_leader,
                              auth=self.auth, events=self.events, apply_intent=self.apply_intent,
-                             slo_ttft_ms=self.cfg.slo_ttft_ms, slo_itl_ms=self.cfg.slo_itl_ms)
+                             slo_ttft_ms=self.cfg.slo_ttft_ms, slo_itl_ms=self.cfg.slo_itl_ms,
+                             scale=self.scale.latest)
         admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
         host = self.cfg.listen.rpartition(":")[0]
         try:
@@ -313,7 +323,7 @@ class ControlPlane:
                  metrics_port=self.cfg.metrics_port)
         tasks = [asyncio.create_task(c, name=n) for n, c in (
             ("presence", self.presence.run()), ("intents", self.intents.run()),
-            ("routers", self.routers.run()), ("events", self.events.cache.run()),
+            ("routers", self.routers.run()), ("events", self.events.cache.run()), ("slos", self.slos.run()),
             ("events_trim", self.events.trim_loop()),
             ("leadership", self.leadership.run()), ("ticks", self._tick_loop()))]
         waiter = asyncio.create_task(stop.wait())

@@ -4,26 +4,26 @@
 - demand_rps: sum over the pool's fresh reports of e2e.count / window_s, i.e. requests that
   finished per second within the agent's histogram window (0 when no replica reports it).
 - slo_attainment: an approximation from windowed percentiles, since reports carry p50/p95/p99
-  and not raw latencies. Per replica and per configured target (TTFT, ITL): 1.0 when p99 is
+  and not raw latencies. Per replica and per target (TTFT, ITL: the pool's SLO when set, else
+  the control plane's --slo-ttft-ms/--slo-itl-ms): 1.0 when p99 is
   within the target, 0.95 when p95 is, 0.5 when p50 is, 0 when even p50 misses (a lower
   bound, except the 1.0 step); the replica takes the lower of its TTFT and ITL figures, and
   the pool averages replicas weighted by their observation count. -1 when no target is
   configured or nothing was observed.
-- recommended_replicas: ceil(serving * mean KV use of serving replicas / 0.7), at least 1 —
-  how many replicas would keep the KV cache at ~70 % used at the current load.
+- slo: the pool's SLO record, when an SRE set one (pools with an SLO and no replica are listed).
+- scale, recommended_replicas: the leader's latest scale recommendation (tidegate/policy/scale.py);
+  0 = none (unknown rates or no SLO; scale.reason says why).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 
 from controlplane.fleet import FleetState
-from tidegate.policy.weights import ROUTABLE_STATES, decide, kv_free_fraction
+from tidegate.policy.weights import ROUTABLE_STATES, decide
 from tidegate.v1 import admin_pb2, records_pb2, telemetry_pb2
 
 RS = records_pb2.ReplicaState
-TARGET_KV_USE = 0.7
 
 
 def attainment(summary: telemetry_pb2.LatencySummary, target_ms: float) -> float:
@@ -46,36 +46,49 @@ def pool_summaries(
     *,
     slo_ttft_ms: float = 0.0,
     slo_itl_ms: float = 0.0,
+    slos: Mapping[str, records_pb2.PoolSlo] | None = None,
+    scale: Mapping[str, records_pb2.ScaleRecommendation] | None = None,
 ) -> list[admin_pb2.PoolSummary]:
+    slos = slos or {}
+    scale = scale or {}
     pools: dict[str, admin_pb2.PoolSummary] = {}
-    kv_used: dict[str, list[float]] = {}
     slo: dict[str, list[tuple[float, float]]] = {}
-    for view in fleet.views():
-        p = pools.get(view.pool)
+
+    def summary(name: str) -> admin_pb2.PoolSummary:
+        p = pools.get(name)
         if p is None:
-            p = pools[view.pool] = admin_pb2.PoolSummary(pool=view.pool, generation=generation(view.pool))
-            if (b := budgets.get(f"pool:{view.pool}")) is not None:
+            p = pools[name] = admin_pb2.PoolSummary(pool=name, generation=generation(name))
+            if (b := budgets.get(f"pool:{name}")) is not None:
                 p.budgets.append(b)
+            if (target := slos.get(name)) is not None:
+                p.slo.CopyFrom(target)
+            if (rec := scale.get(name)) is not None:
+                p.scale.CopyFrom(rec)
+                p.recommended_replicas = rec.recommended_replicas
+        return p
+
+    for name in slos:
+        summary(name)
+    for view in fleet.views():
+        p = summary(view.pool)
         d = decide(view, fleet.policy)
         name = RS.Name(d.state).removeprefix("REPLICA_STATE_").lower()
         p.replicas_by_state[name] = p.replicas_by_state[name] + 1
         p.total_weight += d.weight
         if d.state in ROUTABLE_STATES:
             p.available += 1
-            kv_used.setdefault(view.pool, []).append(1.0 - kv_free_fraction(view))
         rec = fleet.get(view.replica_id)
         if rec is None or rec.report is None or d.state == RS.REPLICA_STATE_STALE:
             continue
         eng = rec.report.engine
         if eng.window_s > 0:
             p.demand_rps += eng.e2e.count / eng.window_s
-        figures = [a for a in (attainment(eng.ttft, slo_ttft_ms), attainment(eng.itl, slo_itl_ms)) if a >= 0]
+        ttft_ms, itl_ms = ((p.slo.ttft_s * 1000.0, p.slo.tpot_s * 1000.0) if p.HasField("slo")
+                           else (slo_ttft_ms, slo_itl_ms))
+        figures = [a for a in (attainment(eng.ttft, ttft_ms), attainment(eng.itl, itl_ms)) if a >= 0]
         if figures:
             slo.setdefault(view.pool, []).append((min(figures), max(eng.ttft.count, eng.itl.count, 1.0)))
     for name, p in pools.items():
         weights = slo.get(name)
         p.slo_attainment = (sum(a * w for a, w in weights) / sum(w for _, w in weights)) if weights else -1.0
-        used = kv_used.get(name, [])
-        mean = sum(used) / len(used) if used else 0.0
-        p.recommended_replicas = max(1, math.ceil(len(used) * mean / TARGET_KV_USE - 1e-9))
     return [pools[k] for k in sorted(pools)]

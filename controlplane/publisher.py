@@ -11,6 +11,9 @@ Decisions:
   deleted key): routers then know the pool and answer "no capacity" rather than "unknown
   model", and the generation stays monotonic. Pools in etcd this instance never saw (an old
   leader's, whose agents have not reconnected here yet) are left untouched.
+- The pool's SLO record (`slos`, from /tidegate/v1/slos/) travels inside its table, so a router
+  reads the targets and the replicas they judge at one revision; a changed target is a change.
+  `slos=None` (not read from etcd yet) writes nothing.
 - etcd errors are logged once (and once when they clear); the next tick retries.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
 import structlog
 from google.protobuf import timestamp_pb2
@@ -32,6 +36,7 @@ from tidegate.v1 import records_pb2
 log = structlog.get_logger(__name__)
 
 SCHEMA_VERSION = 1
+NO_SLOS: Mapping[str, records_pb2.PoolSlo] = MappingProxyType({})
 
 
 class TablePublisher:
@@ -62,10 +67,13 @@ class TablePublisher:
         return self._generation.get(pool, 0)
 
     async def publish(
-        self, tables: Mapping[str, Sequence[records_pb2.RouteEntry]], still_leader: Callable[[], bool]
+        self, tables: Mapping[str, Sequence[records_pb2.RouteEntry]], still_leader: Callable[[], bool],
+        *, slos: Mapping[str, records_pb2.PoolSlo] | None = NO_SLOS,
     ) -> list[str]:
         """Writes the changed pools; returns their names. Never raises StoreError."""
         written: list[str] = []
+        if slos is None:  # not read yet: a table without its SLO would loosen every router's targets
+            return written
         try:
             if not self._synced:
                 listing = await self._store.list_prefix(keys.TABLES)
@@ -81,7 +89,8 @@ class TablePublisher:
             self._known_pools.update(tables)
             for pool in sorted(self._known_pools):
                 entries = list(tables.get(pool, ()))
-                rkey = routing_key(entries)
+                slo = slos.get(pool)  # routing-relevant: a new target changes every pick
+                rkey = routing_key(entries) + ((slo.ttft_s, slo.tpot_s) if slo is not None else (),)
                 if self._published.get(pool) == rkey:
                     continue
                 if not still_leader():
@@ -93,6 +102,8 @@ class TablePublisher:
                     schema_version=SCHEMA_VERSION,
                     computed_at=_timestamp(self._wall()),
                 )
+                if slo is not None:
+                    table.slo.CopyFrom(slo)
                 await self._store.put(keys.table(pool), codec.encode(table))
                 self._published[pool] = rkey
                 written.append(pool)

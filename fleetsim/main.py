@@ -32,6 +32,7 @@ SLO units: `--slo-ttft` and `--slo-tpot` take a unit suffix, `s` or `ms` ("2s", 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -53,6 +54,7 @@ from tidegate.config import ConfigBase, ConfigError, add_flags, load
 from tidegate.fleet import capacity
 from tidegate.fleet.traces import TraceError
 from tidegate.policy import registry
+from tidegate.policy.registry import SloTargets
 
 log = structlog.get_logger(__name__)
 
@@ -276,6 +278,7 @@ def simulate_once(profiles: Sequence[Profile], policy: str, reqs: Sequence[workl
                   seed: int, *, load: float | None, slo: tuple[float, float]) -> tuple[dict[str, Any], Any]:
     """One run: (summary, SimResult). Every router gets its own fresh policy instance."""
     t0 = time.perf_counter()
+    sim_cfg = dataclasses.replace(sim_cfg, slo=SloTargets(ttft_s=slo[0], tpot_s=slo[1]))
     pols = [registry.create(policy) for _ in range(sim_cfg.routers)]
     result = Simulation(profiles, pols, reqs, sim_cfg, seed=seed).run()
     wall = time.perf_counter() - t0

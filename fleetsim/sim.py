@@ -53,7 +53,7 @@ from fleetsim.replica import SimReplica
 from fleetsim.workload import SimRequest
 from simulator.profiles import Profile
 from tidegate.errors import RequestError
-from tidegate.policy.registry import LiveLoad, Policy, PoolSnapshot, RequestFeatures, RouteInfo, notify
+from tidegate.policy.registry import LiveLoad, Policy, PoolSnapshot, RequestFeatures, RouteInfo, SloTargets, notify
 from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables
 
 _DELIVER, _SCRAPE, _REPORT, _TICK = 0, 1, 2, 3
@@ -83,6 +83,7 @@ class SimConfig:
     scrape_interval_s: float | None = None
     routers: int = 1
     router_spread: str = "rr"           # rr | hash (see the module doc)
+    slo: SloTargets | None = None       # given to the policies in every PoolSnapshot (None: their default)
 
     def __post_init__(self) -> None:
         if not (self.report_interval_s > 0 and self.tick_s > 0 and self.propagation_s >= 0 and self.warmup_s >= 0
@@ -370,7 +371,7 @@ class Simulation:
                 s = r.engine.stats()
                 live[r.replica_id] = LiveLoad(s.running, s.waiting, s.kv_free_tokens,
                                               s.num_gpu_blocks * s.block_size)
-        snap = PoolSnapshot(router.view, router.inflight, frozenset(), live)
+        snap = PoolSnapshot(router.view, router.inflight, frozenset(), live, slo=self.cfg.slo)
         choice = router.policy.pick(snap, features, router.rng)
         if choice is None:
             rec.rejected = "no_replica"

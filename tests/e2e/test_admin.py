@@ -151,7 +151,9 @@ async def test_cordon_is_immediate_budget_refuses_force_overrides(cps: Any, stor
             pools = await admin.ListPools(admin_pb2.ListPoolsRequest(), metadata=VIEWER_MD)
             p = pools.pools[0]
             assert (p.pool, p.available, dict(p.replicas_by_state)) == ("m", 1, {"cordoned": 1, "ready": 1})
-            assert p.budgets[0].min_available == "100%" and p.recommended_replicas == 1
+            # No pool SLO: no scale recommendation (not a guess), and the summary says why.
+            assert p.budgets[0].min_available == "100%" and p.recommended_replicas == 0
+            assert not p.HasField("slo") and "no SLO" in p.scale.reason
             assert p.slo_attainment == -1
             r = await admin.Uncordon(admin_pb2.UncordonRequest(selector=sel("r1")), metadata=OPERATOR_MD)
             assert r.results[0].message == "uncordoned"

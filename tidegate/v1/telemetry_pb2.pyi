@@ -28,7 +28,7 @@ class ControlMessage(_message.Message):
     def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., directive: _Optional[_Union[Directive, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("replica_id", "pool", "endpoint", "region", "zone", "gpu_indices", "engine_kind", "agent_version", "protocol_version", "capabilities", "report_interval_ms")
+    __slots__ = ("replica_id", "pool", "endpoint", "region", "zone", "gpu_indices", "engine_kind", "agent_version", "protocol_version", "capabilities", "report_interval_ms", "prior_prefill_tokens_per_s", "prior_decode_step_base_ms", "prior_decode_step_per_seq_ms")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,9 @@ class Hello(_message.Message):
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     REPORT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    PRIOR_PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PRIOR_DECODE_STEP_BASE_MS_FIELD_NUMBER: _ClassVar[int]
+    PRIOR_DECODE_STEP_PER_SEQ_MS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     pool: str
     endpoint: str
@@ -51,7 +54,10 @@ class Hello(_message.Message):
     protocol_version: int
     capabilities: _containers.RepeatedScalarFieldContainer[str]
     report_interval_ms: int
-    def __init__(self, replica_id: _Optional[str] = ..., pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., engine_kind: _Optional[str] = ..., agent_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ..., report_interval_ms: _Optional[int] = ...) -> None: ...
+    prior_prefill_tokens_per_s: float
+    prior_decode_step_base_ms: float
+    prior_decode_step_per_seq_ms: float
+    def __init__(self, replica_id: _Optional[str] = ..., pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., engine_kind: _Optional[str] = ..., agent_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., capabilities: _Optional[_Iterable[str]] = ..., report_interval_ms: _Optional[int] = ..., prior_prefill_tokens_per_s: _Optional[float] = ..., prior_decode_step_base_ms: _Optional[float] = ..., prior_decode_step_per_seq_ms: _Optional[float] = ...) -> None: ...
 
 class LatencySummary(_message.Message):
     __slots__ = ("p50_ms", "p95_ms", "p99_ms", "count")
@@ -66,7 +72,7 @@ class LatencySummary(_message.Message):
     def __init__(self, p50_ms: _Optional[float] = ..., p95_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., count: _Optional[float] = ...) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("healthy", "error", "num_requests_running", "num_requests_waiting", "kv_cache_usage", "num_gpu_blocks", "block_size", "kv_capacity_tokens", "kv_free_tokens", "prompt_tokens_total", "generation_tokens_total", "preemptions_total", "ttft", "itl", "e2e", "window_s", "prompt_tokens_per_s", "generation_tokens_per_s", "has_kv_capacity")
+    __slots__ = ("healthy", "error", "num_requests_running", "num_requests_waiting", "kv_cache_usage", "num_gpu_blocks", "block_size", "kv_capacity_tokens", "kv_free_tokens", "prompt_tokens_total", "generation_tokens_total", "preemptions_total", "ttft", "itl", "e2e", "window_s", "prompt_tokens_per_s", "generation_tokens_per_s", "has_kv_capacity", "work")
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     NUM_REQUESTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +92,7 @@ class EngineStats(_message.Message):
     PROMPT_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     GENERATION_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     HAS_KV_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    WORK_FIELD_NUMBER: _ClassVar[int]
     healthy: bool
     error: str
     num_requests_running: int
@@ -105,7 +112,30 @@ class EngineStats(_message.Message):
     prompt_tokens_per_s: float
     generation_tokens_per_s: float
     has_kv_capacity: bool
-    def __init__(self, healthy: _Optional[bool] = ..., error: _Optional[str] = ..., num_requests_running: _Optional[int] = ..., num_requests_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_gpu_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[float] = ..., generation_tokens_total: _Optional[float] = ..., preemptions_total: _Optional[float] = ..., ttft: _Optional[_Union[LatencySummary, _Mapping]] = ..., itl: _Optional[_Union[LatencySummary, _Mapping]] = ..., e2e: _Optional[_Union[LatencySummary, _Mapping]] = ..., window_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., has_kv_capacity: _Optional[bool] = ...) -> None: ...
+    work: EngineWork
+    def __init__(self, healthy: _Optional[bool] = ..., error: _Optional[str] = ..., num_requests_running: _Optional[int] = ..., num_requests_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_gpu_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[float] = ..., generation_tokens_total: _Optional[float] = ..., preemptions_total: _Optional[float] = ..., ttft: _Optional[_Union[LatencySummary, _Mapping]] = ..., itl: _Optional[_Union[LatencySummary, _Mapping]] = ..., e2e: _Optional[_Union[LatencySummary, _Mapping]] = ..., window_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., has_kv_capacity: _Optional[bool] = ..., work: _Optional[_Union[EngineWork, _Mapping]] = ...) -> None: ...
+
+class EngineWork(_message.Message):
+    __slots__ = ("interval_s", "steps", "step_tokens", "prompt_tokens", "cached_prompt_tokens", "generation_tokens", "itl_sum_s", "itl_count", "busy_s")
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ITL_SUM_S_FIELD_NUMBER: _ClassVar[int]
+    ITL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    interval_s: float
+    steps: float
+    step_tokens: float
+    prompt_tokens: float
+    cached_prompt_tokens: float
+    generation_tokens: float
+    itl_sum_s: float
+    itl_count: float
+    busy_s: float
+    def __init__(self, interval_s: _Optional[float] = ..., steps: _Optional[float] = ..., step_tokens: _Optional[float] = ..., prompt_tokens: _Optional[float] = ..., cached_prompt_tokens: _Optional[float] = ..., generation_tokens: _Optional[float] = ..., itl_sum_s: _Optional[float] = ..., itl_count: _Optional[float] = ..., busy_s: _Optional[float] = ...) -> None: ...
 
 class GpuStats(_message.Message):
     __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_used_bytes", "utilization_pct", "ecc_uncorrected_volatile", "ecc_corrected_volatile", "retired_pages_pending", "lost", "error", "temperature_c", "power_w", "xid_events")

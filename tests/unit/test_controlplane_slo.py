@@ -1,0 +1,144 @@
+"""Pool SLOs and the scale recommendation in the control plane: validation, decoding, the
+published records and gauge (ScaleReporter), pools listed with their SLO. In-memory store;
+fakes for the fleet. (The SLO inside the routing table: test_publisher_slo.py.)"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from controlplane.pools import pool_summaries
+from controlplane.slo import ScaleReporter, decode_all, validate
+from tidegate import codec, keys
+from tidegate.store.api import KeyValue
+from tidegate.store.memory import InMemoryStore
+from tidegate.v1 import records_pb2, telemetry_pb2
+
+RS = records_pb2.ReplicaState
+
+
+@pytest.mark.parametrize(("pool", "ttft", "tpot", "ok"), [
+    ("m", 2.0, 0.1, True),
+    ("meta-llama/Llama-3.1-8B-Instruct", 0.5, 0.02, True),
+    ("", 2.0, 0.1, False),
+    (" m", 2.0, 0.1, False),
+    ("m\n", 2.0, 0.1, False),
+    ("m", 0.0, 0.1, False),
+    ("m", 2.0, -1.0, False),
+    ("m", math.inf, 0.1, False),
+    ("m", math.nan, 0.1, False),
+    ("m", 7200.0, 0.1, False),
+])
+def test_validate(pool: str, ttft: float, tpot: float, ok: bool) -> None:
+    slo = records_pb2.PoolSlo(pool=pool, ttft_s=ttft, tpot_s=tpot)
+    if ok:
+        validate(slo)
+    else:
+        with pytest.raises(ValueError):
+            validate(slo)
+
+
+def test_decode_all_skips_garbage_and_trusts_the_key() -> None:
+    good = records_pb2.PoolSlo(pool="other", ttft_s=2.0, tpot_s=0.1)
+    items = {
+        keys.slo("a/b"): KeyValue(keys.slo("a/b"), codec.encode(good), 1),
+        keys.slo("bad"): KeyValue(keys.slo("bad"), b"{not json", 2),
+        keys.slo("zero"): KeyValue(keys.slo("zero"), codec.encode(records_pb2.PoolSlo(pool="zero")), 3),
+    }
+    out = decode_all(items)
+    assert list(out) == ["a/b"] and out["a/b"].pool == "a/b" and out["a/b"].ttft_s == 2.0
+
+
+@dataclass
+class FakeRecord:
+    report: telemetry_pb2.Report | None
+
+
+class FakeFleet:
+    def __init__(self, reports: dict[str, telemetry_pb2.Report]) -> None:
+        self._reports = reports
+
+    def get(self, rid: str) -> FakeRecord | None:
+        return FakeRecord(self._reports[rid]) if rid in self._reports else None
+
+
+def entry(rid: str, rated: bool = True) -> records_pb2.RouteEntry:
+    return records_pb2.RouteEntry(replica_id=rid, endpoint="http://x", state=RS.REPLICA_STATE_READY, weight=1.0,
+                                  kv_capacity_tokens=1000, kv_free_tokens=700,
+                                  prefill_tokens_per_s=20_000.0 if rated else 0.0,
+                                  decode_step_base_ms=10.0 if rated else 0.0,
+                                  decode_step_per_seq_ms=0.3 if rated else 0.0)
+
+
+def busy(p: float = 5000.0, g: float = 600.0) -> telemetry_pb2.Report:
+    eng = telemetry_pb2.EngineStats(healthy=True, prompt_tokens_per_s=p, generation_tokens_per_s=g, window_s=10.0)
+    eng.e2e.count = 25  # 2.5 requests/s: 2,000-token prompts
+    return telemetry_pb2.Report(engine=eng)
+
+
+SLO = records_pb2.PoolSlo(pool="m", ttft_s=2.0, tpot_s=0.1)
+
+
+class FakeWall:
+    def __init__(self) -> None:
+        self.t = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def reporter(store: InMemoryStore, registry: CollectorRegistry, wall: FakeWall) -> ScaleReporter:
+    return ScaleReporter(store, "cp-0", registry=registry, wall_clock=wall)
+
+
+async def test_scale_reporter_records_gauge_and_change_rule() -> None:
+    store, registry, wall = InMemoryStore(), CollectorRegistry(), FakeWall()
+    rep = reporter(store, registry, wall)
+    tables = {"m": [entry(f"r{i}") for i in range(4)], "n": [entry("n0", rated=False)]}
+    fleet = FakeFleet({f"r{i}": busy() for i in range(4)} | {"n0": busy()})
+    out = rep.compute(tables, fleet, {"m": SLO, "n": SLO})  # type: ignore[arg-type]
+    # 20k prompt tok/s on 20k/replica and 2.4k gen tok/s on 3k/replica, 80 % headroom: 2.25 -> 3
+    assert (out["m"].recommended_replicas, out["m"].binding, out["m"].current_replicas) == (3, "prefill", 4)
+    assert out["n"].recommended_replicas == 0 and "rates not known" in out["n"].reason
+    assert registry.get_sample_value("tidegate_pool_recommended_replicas", {"pool": "m"}) == 3
+    assert registry.get_sample_value("tidegate_pool_recommended_replicas", {"pool": "n"}) is None
+
+    leader = True
+    assert await rep.publish(lambda: leader) == ["m", "n"]
+    stored = codec.decode((await store.get(keys.scale("m"))).value, records_pb2.ScaleRecommendation)
+    assert stored.recommended_replicas == 3 and stored.leader_id == "cp-0"
+    wall.t += 1
+    rep.compute(tables, fleet, {"m": SLO, "n": SLO})  # type: ignore[arg-type]
+    assert await rep.publish(lambda: leader) == []            # same figures: no write
+    fleet = FakeFleet({f"r{i}": busy(p=10_000.0, g=1200.0) for i in range(4)})
+    rep.compute(tables, fleet, {"m": SLO, "n": SLO})  # type: ignore[arg-type]
+    assert await rep.publish(lambda: leader) == ["m"]         # demand doubled: 5 replicas
+    assert registry.get_sample_value("tidegate_pool_recommended_replicas", {"pool": "m"}) == 5
+    wall.t += 31
+    rep.compute(tables, fleet, {"m": SLO, "n": SLO})  # type: ignore[arg-type]
+    leader = False
+    assert await rep.publish(lambda: leader) == []            # a standby writes nothing
+    leader = True
+    assert await rep.publish(lambda: leader) == ["m", "n"]    # refreshed after 30 s
+    rep.compute(tables, fleet, {})  # type: ignore[arg-type]  # SLO cleared: no figure, no gauge sample
+    assert registry.get_sample_value("tidegate_pool_recommended_replicas", {"pool": "m"}) is None
+
+
+class FakeViewsFleet:
+    """Just enough of FleetState for pool_summaries: no replicas."""
+
+    policy = None
+
+    def views(self) -> list[object]:
+        return []
+
+
+def test_pools_with_an_slo_but_no_replica_are_listed() -> None:
+    scale = records_pb2.ScaleRecommendation(pool="m", recommended_replicas=2, binding="prefill", reason="why")
+    pools = pool_summaries(FakeViewsFleet(), {}, lambda pool: 0, slos={"m": SLO},  # type: ignore[arg-type]
+                           scale={"m": scale})
+    assert [p.pool for p in pools] == ["m"]
+    assert pools[0].slo.ttft_s == 2.0 and pools[0].recommended_replicas == 2 and pools[0].scale.binding == "prefill"
