@@ -26,7 +26,7 @@ from agent.histograms import HistogramWindow, LatencyWindow
 from agent.metrics import AgentMetrics
 from agent.normalize import EngineSample, TelemetryParseError, parse_metrics
 from agent.nvml import GpuTelemetry
-from agent.rates import counter_rate
+from agent.rates import counter_rate, work_deltas
 from tidegate.v1 import telemetry_pb2
 
 log = structlog.get_logger(__name__)
@@ -168,6 +168,7 @@ class Collector:
             engine.generation_tokens_per_s = counter_rate(
                 self._prev.generation_tokens_total, s.generation_tokens_total, dt
             )
+            engine.work.CopyFrom(telemetry_pb2.EngineWork(**work_deltas(self._prev, s, dt)))
         self._prev, self._prev_t = s, now
 
     def _log_transition(self, error: str, gpus: GpuTelemetry) -> None:

@@ -14,6 +14,17 @@ Supported names, as signal: vLLM V1 / vLLM V0 / SGLang (checked against the engi
 - counters: vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:num_preemptions_total /
   sglang:prompt_tokens_total, sglang:generation_tokens_total (SGLang has no preemption counter)
 
+For the control plane's rate estimator (cumulative; the collector turns them into deltas):
+
+- engine steps and their tokens: vllm:iteration_tokens_total _count/_sum (V1 and V0) / none in
+  SGLang
+- decode time seen by tokens: the ITL histogram's _sum/_count (same name as the ITL buckets)
+- prefix-cache hit tokens: vllm:prefix_cache_hits_total, else the deprecated
+  vllm:gpu_prefix_cache_hits_total (V1; V0 has only a hit-rate gauge) / sglang:cached_tokens_total
+  (summed over its cache_source label)
+- busy time: none in vLLM / sglang:gpu_execution_seconds_total (summed over its category label;
+  recent SGLang only)
+
 Where a name has several candidates the first present one wins (V1 before V0).
 
 Parsing works on *sample* names, not family names: prometheus_client's parser strips
@@ -60,6 +71,12 @@ class EngineSample:
     ttft: Buckets = ()
     itl: Buckets = ()
     e2e: Buckets = ()
+    itl_sum_s: float | None = None
+    itl_count: float | None = None
+    steps_total: float | None = None          # engine iterations
+    step_tokens_total: float | None = None
+    prefix_cache_hits_total: float | None = None  # tokens
+    busy_seconds_total: float | None = None
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -81,6 +98,9 @@ class _Names:
     prompt: tuple[str, ...]
     generation: tuple[str, ...]
     preemptions: tuple[str, ...]
+    iterations: tuple[str, ...]
+    cache_hits: tuple[str, ...]
+    busy: tuple[str, ...]
 
 
 _VLLM = _Names(
@@ -93,6 +113,9 @@ _VLLM = _Names(
     prompt=("vllm:prompt_tokens_total",),
     generation=("vllm:generation_tokens_total",),
     preemptions=("vllm:num_preemptions_total",),
+    iterations=("vllm:iteration_tokens_total",),
+    cache_hits=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    busy=(),
 )
 
 _SGLANG = _Names(
@@ -105,6 +128,9 @@ _SGLANG = _Names(
     prompt=("sglang:prompt_tokens_total",),
     generation=("sglang:generation_tokens_total",),
     preemptions=(),
+    iterations=(),
+    cache_hits=("sglang:cached_tokens_total",),
+    busy=("sglang:gpu_execution_seconds_total",),
 )
 
 _MODEL_LABELS = ("model_name", "name")
@@ -171,6 +197,15 @@ def _buckets(idx: dict[str, list[tuple[dict[str, str], float]]], names: Iterable
     return ()
 
 
+def _hist_sum_count(idx: dict[str, list[tuple[dict[str, str], float]]],
+                    names: Iterable[str]) -> tuple[float | None, float | None]:
+    """(_sum, _count) of the first histogram in `names` that has buckets (so they match the buckets)."""
+    for name in names:
+        if idx.get(name + "_bucket") or idx.get(name + "_count"):
+            return _sum(idx, (name + "_sum",)), _sum(idx, (name + "_count",))
+    return None, None
+
+
 def _int_label(labels: dict[str, str], key: str) -> int:
     try:
         return int(float(labels.get(key, "0")))
@@ -211,6 +246,8 @@ def parse_metrics(text: str, model: str | None = None) -> EngineSample:
 
     if kv_usage is not None:
         kv_usage = min(1.0, max(0.0, kv_usage))
+    itl_sum, itl_count = _hist_sum_count(idx, names.itl)
+    step_tokens, steps = _hist_sum_count(idx, names.iterations)
     return EngineSample(
         engine=engine,
         running=int(running or 0),
@@ -224,4 +261,10 @@ def parse_metrics(text: str, model: str | None = None) -> EngineSample:
         ttft=_buckets(idx, names.ttft),
         itl=_buckets(idx, names.itl),
         e2e=_buckets(idx, names.e2e),
+        itl_sum_s=itl_sum,
+        itl_count=itl_count,
+        steps_total=steps,
+        step_tokens_total=step_tokens,
+        prefix_cache_hits_total=_sum(idx, names.cache_hits),
+        busy_seconds_total=_sum(idx, names.busy),
     )

@@ -10,6 +10,9 @@ dominated a 16-replica hour); it gives the same buckets (tested) because a simul
 never resets.
 ITL is observed per finished request as its mean inter-token time, counted once per token
 after the first (the per-token gaps are not kept); a request's TTFT when its first token comes.
+The rate estimator's window (`EngineWork`) comes from the engine's own counters, as vLLM exports
+them (steps, prompt / cached / generated tokens, the ITL sum and count; no busy time), through the
+agent's `work_deltas`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from bisect import bisect_left
 from collections import deque
 
 from agent.histograms import LatencyWindow, summarize
+from agent.normalize import EngineSample
+from agent.rates import work_deltas
 from simulator.engine import Engine
 from simulator.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from tidegate.v1 import telemetry_pb2
@@ -103,6 +108,7 @@ class SimAgent:
         self._ttft_w = RollingWindow(window_s)
         self._itl_w = RollingWindow(window_s)
         self._seq = 0
+        self._prev: tuple[float, EngineSample] | None = None
 
     def observe_ttft(self, ttft_s: float) -> None:
         self._ttft.observe(ttft_s)
@@ -133,6 +139,13 @@ class SimAgent:
             ttft=_latency(self._ttft_w.summary(now_s)),
             itl=_latency(self._itl_w.summary(now_s)),
         )
+        sample = EngineSample(
+            engine="vllm", prompt_tokens_total=s.prompt_tokens_total, generation_tokens_total=s.generation_tokens_total,
+            steps_total=s.steps_total, step_tokens_total=s.step_tokens_total, itl_sum_s=s.itl_sum_s,
+            itl_count=s.itl_count, prefix_cache_hits_total=s.prefix_cache_hits_total)
+        if self._prev is not None:
+            eng.work.CopyFrom(telemetry_pb2.EngineWork(**work_deltas(self._prev[1], sample, now_s - self._prev[0])))
+        self._prev = (now_s, sample)
         self._seq += 1
         return telemetry_pb2.Report(seq=self._seq, engine=eng, gpu_telemetry_available=False,
                                     gpu_telemetry_error="simulated", simulated_gpu=True)

@@ -60,6 +60,7 @@ from __future__ import annotations
 import enum
 import math
 import random
+from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,8 @@ from tidegate.errors import PromptTooLargeError, RequestError
 
 DEFAULT_MAX_TOKENS = 256
 EVENT_KINDS = ("first_token", "finished", "preempted", "aborted")
+# vLLM's bounds for vllm:iteration_tokens_total (vllm/v1/metrics/loggers.py); +Inf is implied.
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 class Status(enum.Enum):
@@ -190,6 +193,15 @@ class EngineStats:
     prefix_cache_hits_total: int = 0  # tokens found resident at admission
     recomputed_tokens_total: int = 0  # tokens computed again after a preemption
     steps_total: int = 0
+    # Per-step accounting as vLLM V1 exports it (the rate estimator's inputs): a step's tokens are
+    # the prompt tokens of requests whose prefill completed in it plus the tokens it sampled
+    # (vllm:iteration_tokens_total); iteration_tokens_counts[i] counts steps with at most
+    # ITERATION_TOKENS_BUCKETS[i] such tokens (the last entry: more than the last bound).
+    step_tokens_total: int = 0
+    iteration_tokens_counts: tuple[int, ...] = ()
+    itl_sum_s: float = 0.0  # sum over sampled non-first tokens of the time since the previous token
+    itl_count: int = 0
+    busy_s: float = 0.0  # summed step durations
 
     @property
     def kv_usage(self) -> float:
@@ -211,6 +223,18 @@ class _Counters:
     hits: int = 0
     recomputed: int = 0
     steps: int = 0
+    step_tokens: int = 0
+    itl_sum_s: float = 0.0
+    itl_count: int = 0
+    busy_s: float = 0.0
+    iteration_buckets: list[int] = field(default_factory=lambda: [0] * (len(ITERATION_TOKENS_BUCKETS) + 1))
+
+    def count_step(self, tokens: int, duration_s: float, n: int = 1) -> None:
+        """`n` steps of `tokens` (vLLM's per-step token count) lasting `duration_s` in all."""
+        self.steps += n
+        self.step_tokens += tokens * n
+        self.busy_s += duration_s
+        self.iteration_buckets[bisect_left(ITERATION_TOKENS_BUCKETS, tokens)] += n
 
 
 class Engine:
@@ -506,8 +530,7 @@ class Engine:
             duration_ms *= 1.0 + self._rng.uniform(-self._jitter, self._jitter)
         duration_s = duration_ms / 1000.0
         end_s = now_s + duration_s
-        if n_tokens:
-            self._c.steps += 1
+        iteration_tokens = 0
 
         outputs: list[RequestOutput] = []
         prefill_tokens = decode_tokens = 0
@@ -534,14 +557,18 @@ class Engine:
             self._c.generation_tokens += 1
             first = req.num_output == 1
             ttft = itl = e2e = None
+            iteration_tokens += 1
             if first:
                 self._c.prompt_tokens += req.prompt_tokens
+                iteration_tokens += req.prompt_tokens
                 req.first_token_s = end_s
                 ttft = end_s - req.arrival_s
                 if events is not None:
                     events.append(RequestEvent(req.req_id, "first_token", end_s))
             else:
                 itl = end_s - (req.last_token_s if req.last_token_s is not None else end_s)
+                self._c.itl_sum_s += itl
+                self._c.itl_count += 1
             req.last_token_s = end_s
             done = req.num_output >= req.max_tokens
             if done:
@@ -557,6 +584,8 @@ class Engine:
             outputs.append(RequestOutput(req.req_id, 1, req.num_output, first, done,
                                          "length" if done else None, req.prompt_tokens, ttft, itl, e2e))
 
+        if n_tokens:
+            self._c.count_step(iteration_tokens, duration_s)
         self._clock = end_s
         return StepResult(
             start_s=now_s,
@@ -695,9 +724,12 @@ class Engine:
             req.high_water = req.num_computed
             req.computed_total += k
             req.num_output += k
+            # The k tokens' gaps telescope: their sum is the time since the token before them.
+            self._c.itl_sum_s += end_s - (req.last_token_s if req.last_token_s is not None else t0)
             req.last_token_s = end_s
         self._c.generation_tokens += k * r_count
-        self._c.steps += k
+        self._c.itl_count += k * r_count
+        self._c.count_step(r_count, end_s - t0, k)
         self._clock = end_s
         return True
 
@@ -720,6 +752,11 @@ class Engine:
             prefix_cache_hits_total=self._c.hits,
             recomputed_tokens_total=self._c.recomputed,
             steps_total=self._c.steps,
+            step_tokens_total=self._c.step_tokens,
+            iteration_tokens_counts=tuple(self._c.iteration_buckets),
+            itl_sum_s=self._c.itl_sum_s,
+            itl_count=self._c.itl_count,
+            busy_s=self._c.busy_s,
         )
 
     def request_status(self, req_id: str) -> Status | None:

@@ -7,14 +7,17 @@ Flavours (``--metrics-flavor``):
   vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:prefix_cache_queries_total and
   vllm:prefix_cache_hits_total (tokens), vllm:request_success_total, vllm:cache_config_info, and
   the histograms vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
-  vllm:e2e_request_latency_seconds.
+  vllm:e2e_request_latency_seconds, vllm:iteration_tokens_total (tokens per engine step: prompt
+  tokens of prefills completed in the step plus sampled tokens, as vLLM counts them).
 - ``vllm-v0``: the V0 names, label model_name: vllm:gpu_cache_usage_perc,
-  vllm:num_requests_swapped, vllm:gpu_prefix_cache_hit_rate, vllm:time_per_output_token_seconds.
+  vllm:num_requests_swapped, vllm:gpu_prefix_cache_hit_rate, vllm:time_per_output_token_seconds
+  (and vllm:iteration_tokens_total, which V0 exports too).
 - ``sglang``: SGLang names, label model_name (python/sglang/srt/metrics/collector.py):
   sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage, sglang:num_used_tokens,
   sglang:max_total_num_tokens, sglang:cache_hit_rate, sglang:prompt_tokens_total,
   sglang:generation_tokens_total, sglang:cached_tokens_total, sglang:num_requests_total,
-  sglang:num_aborted_requests_total, sglang:num_retracted_requests_total (our preemptions), and
+  sglang:num_aborted_requests_total, sglang:num_retracted_requests_total (our preemptions),
+  sglang:gpu_execution_seconds_total (summed step durations, category "forward"), and
   the histograms sglang:time_to_first_token_seconds, sglang:inter_token_latency_seconds,
   sglang:e2e_request_latency_seconds with SGLang's default buckets.
 
@@ -28,9 +31,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from simulator.engine import Engine
+from simulator.engine import ITERATION_TOKENS_BUCKETS, Engine, EngineStats
 
 FLAVORS = ("vllm", "vllm-v0", "sglang")
 
@@ -51,8 +54,9 @@ SGLANG_E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80
 
 
 class _EngineCollector:
-    def __init__(self, engine: Engine, labels: dict[str, str], flavor: str) -> None:
+    def __init__(self, engine: Engine, labels: dict[str, str], flavor: str, time_scale: float) -> None:
         self._engine = engine
+        self._time_scale = time_scale
         self._names = list(labels)
         self._values = list(labels.values())
         self._flavor = flavor
@@ -95,6 +99,7 @@ class _EngineCollector:
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total)
         yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
                             s.generation_tokens_total)
+        yield self._iteration_tokens(s)
         info = {"block_size": str(s.block_size), "num_gpu_blocks": str(s.num_gpu_blocks),
                 "cache_dtype": "auto", "gpu_memory_utilization": "0.9",
                 "enable_prefix_caching": str(self._engine.enable_prefix_caching)}
@@ -104,6 +109,16 @@ class _EngineCollector:
                               labels=list(info))
         g.add_metric(list(info.values()), 1)
         yield g
+
+    def _iteration_tokens(self, s: EngineStats) -> Metric:
+        h = HistogramMetricFamily("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                                  labels=self._names)
+        cumulative, acc = [], 0
+        for le, count in zip((*ITERATION_TOKENS_BUCKETS, "+Inf"), s.iteration_tokens_counts, strict=True):
+            acc += count
+            cumulative.append((str(le), acc))
+        h.add_metric(self._values, cumulative, s.step_tokens_total)
+        return h
 
     def _collect_sglang(self) -> Iterator[Metric]:
         s = self._engine.stats()
@@ -124,12 +139,17 @@ class _EngineCollector:
         yield self._counter("sglang:num_aborted_requests", "Number of requests aborted.", s.requests_aborted_total)
         yield self._counter("sglang:num_retracted_requests", "Total number of retracted requests.",
                             s.preemptions_total)
+        busy = CounterMetricFamily("sglang:gpu_execution_seconds", "Total time that GPU is busy executing a workload.",
+                                   labels=[*self._names, "category"])
+        busy.add_metric([*self._values, "forward"], s.busy_s * self._time_scale)
+        yield busy
 
 
 class SimMetrics:
-    """The /metrics registry of one simulated replica."""
+    """The /metrics registry of one simulated replica. `time_scale` converts engine seconds into
+    the seconds the server lives in (1 / speedup), for the engine's own busy-time counter."""
 
-    def __init__(self, engine: Engine, model_name: str, flavor: str = "vllm") -> None:
+    def __init__(self, engine: Engine, model_name: str, flavor: str = "vllm", *, time_scale: float = 1.0) -> None:
         if flavor not in FLAVORS:
             raise ValueError(f"unknown metrics flavor {flavor!r}; valid: {', '.join(FLAVORS)}")
         self.flavor = flavor
@@ -137,7 +157,7 @@ class SimMetrics:
         labels = {"model_name": model_name} if flavor != "vllm" else {"model_name": model_name, "engine": "0"}
         names = list(labels)
         values = list(labels.values())
-        self.registry.register(_EngineCollector(engine, labels, flavor))
+        self.registry.register(_EngineCollector(engine, labels, flavor, time_scale))
         self._success: Counter | None = None
         if flavor == "sglang":
             prefix, buckets = "sglang:", (SGLANG_TTFT_BUCKETS, SGLANG_ITL_BUCKETS, SGLANG_E2E_BUCKETS)

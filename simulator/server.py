@@ -100,7 +100,7 @@ class SimServer:
         self.fail_health = fail_health
         self.gpus = gpus or SimulatedGpus(layout_for(engine.profile), ["GPU-" + str(uuid.uuid4())])
         self._on_crash = on_crash
-        self.metrics = SimMetrics(engine, model, metrics_flavor)
+        self.metrics = SimMetrics(engine, model, metrics_flavor, time_scale=1.0 / speedup)
         self._tracks: dict[str, _Track] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

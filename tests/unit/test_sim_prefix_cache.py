@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -216,8 +217,14 @@ def test_advance_fast_forward_equals_step_by_step(seed, blocks):
         assert a.finish_s == pytest.approx(b.finish_s, rel=1e-9, abs=1e-9)
         assert (a.preemptions, a.cached_tokens, a.computed_tokens) == (b.preemptions, b.cached_tokens,
                                                                        b.computed_tokens)
+    _assert_same_stats(fast, slow)
+
+
+def _assert_same_stats(fast: Engine, slow: Engine) -> None:
     sa, sb = fast.stats(), slow.stats()
-    assert sa == sb
+    # Summed times differ by float rounding (closed form vs step by step); everything else is exact.
+    assert (sa.itl_sum_s, sa.busy_s) == pytest.approx((sb.itl_sum_s, sb.busy_s), rel=1e-9, abs=1e-12)
+    assert replace(sa, itl_sum_s=0.0, busy_s=0.0) == replace(sb, itl_sum_s=0.0, busy_s=0.0)
 
 
 def test_step_and_advance_agree_with_a_step_driver():
@@ -332,4 +339,4 @@ def test_advance_is_step_by_step(reqs, blocks, seqs, dt_ms):
         a, b = fast.request_result(rid), slow.request_result(rid)
         assert a.finish_s == pytest.approx(b.finish_s, rel=1e-9, abs=1e-9)
         assert a.ttft_s == pytest.approx(b.ttft_s, rel=1e-9, abs=1e-9)
-    assert fast.stats() == slow.stats()
+    _assert_same_stats(fast, slow)

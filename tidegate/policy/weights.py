@@ -74,6 +74,10 @@ class ReplicaView:
     drain_force: bool = False          # at the deadline, mark DRAINED anyway
     ejected: str = ""                  # non-empty: ejected by the fault policy (the reason)
     cut: str = ""                      # non-empty: weight cut by the fault policy (the reason)
+    # Fitted engine rates (tidegate.policy.rates, already quantized); 0 = unknown.
+    prefill_tokens_per_s: float = 0.0
+    decode_step_base_ms: float = 0.0
+    decode_step_per_seq_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,9 @@ def route_entry(view: ReplicaView, decision: ReplicaDecision) -> records_pb2.Rou
         ttft_p95_ms=view.ttft_p95_ms,
         itl_p95_ms=view.itl_p95_ms,
         reason=decision.reason,
+        prefill_tokens_per_s=view.prefill_tokens_per_s,
+        decode_step_base_ms=view.decode_step_base_ms,
+        decode_step_per_seq_ms=view.decode_step_per_seq_ms,
     )
 
 
@@ -201,11 +208,13 @@ def compute_pool_tables(
     return out
 
 
-def routing_key(entries: Iterable[records_pb2.RouteEntry]) -> tuple[tuple[str, str, str, str, int, float], ...]:
-    """The part of a table that changes routing. Informational fields (KV tokens, queue,
-    latencies, reason) are a snapshot taken when this key last changed; they alone never
-    trigger a rewrite."""
-    return tuple((e.replica_id, e.endpoint, e.region, e.zone, e.state, e.weight) for e in entries)
+def routing_key(entries: Iterable[records_pb2.RouteEntry]) -> tuple[tuple, ...]:
+    """The part of a table that changes routing: identity, location, state, weight and the fitted
+    rates (quantized on a 4 % grid with hysteresis, so they move only when the engine does).
+    Informational fields (KV tokens, queue, latencies, reason) are a snapshot taken when this key
+    last changed; they alone never trigger a rewrite."""
+    return tuple((e.replica_id, e.endpoint, e.region, e.zone, e.state, e.weight, e.prefill_tokens_per_s,
+                  e.decode_step_base_ms, e.decode_step_per_seq_ms) for e in entries)
 
 
 def _pressure(view: ReplicaView, free: float, cfg: WeightPolicyConfig) -> list[str]:

@@ -1,0 +1,126 @@
+"""Fitted engine rates through the control plane: FleetState feeds each replica's estimator with
+its reports' EngineWork windows, the views carry the published figures, route entries and the
+publisher's change rule include them; the virtual-time simulator's agent fills the same windows."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from controlplane.fleet import FleetState
+from fleetsim.agent import SimAgent
+from simulator.engine import Engine
+from simulator.profiles import get_profile
+from tidegate.policy.weights import ReplicaView, WeightPolicyConfig, compute_pool_tables, routing_key
+from tidegate.v1 import telemetry_pb2
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def hello(endpoint: str = "http://127.0.0.1:9", **prior: float) -> telemetry_pb2.Hello:
+    return telemetry_pb2.Hello(replica_id="r1", pool="m", endpoint=endpoint, protocol_version=1, **prior)
+
+
+def report(seq: int, batch: float = 30.0, prefill_per_step: float = 200.0) -> telemetry_pb2.Report:
+    """A second's work of an engine with step_ms = 7.5 + 0.07 * batch + prefill / 47.6 tokens/ms."""
+    step_ms = 7.5 + 0.07 * batch + prefill_per_step / 47.6
+    steps = round(1000.0 / step_ms)
+    work = telemetry_pb2.EngineWork(interval_s=1.0, steps=steps, prompt_tokens=steps * prefill_per_step,
+                                    generation_tokens=steps * batch, itl_sum_s=steps * batch * step_ms / 1000.0,
+                                    itl_count=steps * batch)
+    return telemetry_pb2.Report(seq=seq, engine=telemetry_pb2.EngineStats(
+        healthy=True, num_requests_running=int(batch), kv_capacity_tokens=1000, kv_free_tokens=500,
+        has_kv_capacity=True, work=work))
+
+
+@pytest.fixture
+def fleet() -> tuple[FleetState, FakeClock]:
+    clock = FakeClock()
+    return FleetState(WeightPolicyConfig(), now=clock), clock
+
+
+def _feed(fs: FleetState, clock: FakeClock, h: telemetry_pb2.Hello, n: int, start: int = 1) -> None:
+    for i in range(start, start + n):
+        clock.t += 1.0
+        fs.on_report(h, report(i, batch=10 + 7 * (i % 9), prefill_per_step=50 * (i % 5)))
+
+
+def test_reports_teach_the_view_and_the_table(fleet: tuple[FleetState, FakeClock]) -> None:
+    fs, clock = fleet
+    h = hello()
+    fs.on_hello(h)
+    clock.t += 1.0
+    fs.on_report(h, report(1, prefill_per_step=0.0))
+    v = fs.view("r1")
+    assert v.decode_step_base_ms > 0 and v.decode_step_per_seq_ms > 0
+    assert v.prefill_tokens_per_s == 0  # no prefill seen yet: unknown, not the prior
+    _feed(fs, clock, h, 40, start=2)
+    v = fs.view("r1")
+    assert v.decode_step_base_ms == pytest.approx(7.5, rel=0.1)
+    assert v.decode_step_per_seq_ms == pytest.approx(0.07, rel=0.1)
+    assert v.prefill_tokens_per_s == pytest.approx(47_600, rel=0.1)
+    (entry,) = compute_pool_tables([v], WeightPolicyConfig())["m"]
+    assert (entry.prefill_tokens_per_s, entry.decode_step_base_ms, entry.decode_step_per_seq_ms) == (
+        v.prefill_tokens_per_s, v.decode_step_base_ms, v.decode_step_per_seq_ms)
+
+
+def test_a_new_endpoint_forgets_what_was_learnt(fleet: tuple[FleetState, FakeClock]) -> None:
+    fs, clock = fleet
+    h = hello()
+    fs.on_hello(h)
+    _feed(fs, clock, h, 30)
+    assert fs.view("r1").decode_step_base_ms > 0
+    fs.on_hello(h)  # the same engine reconnecting keeps its fit
+    assert fs.view("r1").decode_step_base_ms > 0
+    moved = hello(endpoint="http://127.0.0.1:10")
+    fs.on_hello(moved)
+    v = fs.view("r1")
+    assert (v.prefill_tokens_per_s, v.decode_step_base_ms, v.decode_step_per_seq_ms) == (0, 0, 0)
+
+
+def test_a_profile_prior_in_the_hello_is_published_with_the_first_report(fleet: tuple[FleetState, FakeClock]) -> None:
+    fs, clock = fleet
+    h = hello(prior_prefill_tokens_per_s=40_000, prior_decode_step_base_ms=8.0, prior_decode_step_per_seq_ms=0.08)
+    fs.on_hello(h)
+    clock.t += 1.0
+    fs.on_report(h, telemetry_pb2.Report(seq=1, engine=telemetry_pb2.EngineStats(healthy=True)))
+    v = fs.view("r1")
+    assert v.prefill_tokens_per_s == pytest.approx(40_000, rel=0.03)
+    assert v.decode_step_base_ms == pytest.approx(8.0, rel=0.03)
+
+
+def test_rates_are_routing_relevant_but_informational_noise_is_not() -> None:
+    v = ReplicaView(replica_id="r1", pool="m", has_report=True, healthy=True, kv_capacity_tokens=100,
+                    kv_free_tokens=100, decode_step_base_ms=7.5, decode_step_per_seq_ms=0.07,
+                    prefill_tokens_per_s=47_000)
+    cfg = WeightPolicyConfig()
+
+    def key(view: ReplicaView) -> tuple:
+        return routing_key(compute_pool_tables([view], cfg)["m"])
+
+    assert key(replace(v, running=7)) == key(v)
+    assert key(replace(v, prefill_tokens_per_s=30_000)) != key(v)
+    assert key(replace(v, decode_step_per_seq_ms=0.09)) != key(v)
+
+
+def test_fleetsim_agent_reports_engine_work_windows() -> None:
+    engine = Engine(get_profile("llama3-8b-h100"))
+    agent = SimAgent("replica-0", "m")
+    first = agent.report(engine, 0.0)
+    assert first.engine.work == telemetry_pb2.EngineWork()  # the first report is only a baseline
+    for i in range(4):
+        engine.add_request(f"r{i}", 500, 50, 0.0)
+    engine.advance(1.0)
+    w = agent.report(engine, 1.0).engine.work
+    s = engine.stats()
+    assert w.interval_s == 1.0
+    assert (w.steps, w.itl_count, w.prompt_tokens) == (s.steps_total, s.itl_count, s.prompt_tokens_total)
+    assert w.itl_sum_s == pytest.approx(s.itl_sum_s)
+    assert w.busy_s == 0  # the simulated agent mirrors a vLLM engine: no busy-time counter

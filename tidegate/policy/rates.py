@@ -1,0 +1,265 @@
+"""Per-replica engine rates fitted online from telemetry (pure: no clock, no I/O).
+
+The router predicts TTFT and TPOT with a linear step-time model of each engine::
+
+    step_ms ~= decode_step_base_ms + decode_step_per_seq_ms * B + P * 1000 / prefill_tokens_per_s
+
+where B is the number of sequences the step decodes and P the uncached prompt tokens it prefills.
+This module fits the three numbers per replica from what every engine already exports, without a
+profile: each report carries one `EngineWork` window (deltas since the previous scrape, built by
+the agent from /metrics) and the fit is a ridge regression over exponentially forgotten windows.
+
+One window gives one observation (see `regressors`):
+
+    y  = itl_sum / itl_count                mean time between two tokens of a decoding sequence (ms)
+    x1 = itl_count / steps                  mean decoding sequences per step
+    x2 = (prompt - cached prompt) / steps   mean uncached prefill tokens per step
+    y ~= base + per_seq * x1 + x2 / prefill_rate_per_ms
+
+Why it holds: each decoded token's inter-token latency is the duration of the step that made it,
+so the ITL histogram's sum is the sum over steps of B_s * T_s and its count the sum of B_s. With
+T_s linear in B_s and P_s, y is the token-weighted mean step time, which equals the model at the
+window's mean batch and prefill when B_s varies little inside the window (it is biased up by
+per_seq * Var(B)/mean(B) otherwise; windows are one report interval, ~1 s). Engines that do not
+count steps (SGLang) get steps = busy_s / y, with busy_s their GPU busy time where exported and
+the interval otherwise (right while the engine is busy, which is when the rates matter).
+
+Fit: theta = (A + L0)^-1 (r + L0 theta0) with A = sum w x x^T, r = sum w x y over windows
+weighted by their decode tokens w and forgotten with half-life `half_life_s`; L0 = prior_weight *
+diag(1, batch_scale^2, prefill_scale^2) holds theta0 = the prior (a generic one, or a profile's
+figures from the agent's hello) in the directions the data leave unidentified, e.g. the split
+between base and per_seq while the batch never changes. The prior never decays, so the fit cannot
+wind up; with data it is overruled within a few reports. Windows with NaN, negative or zero
+counts are rejected; outputs are clamped to physical bounds.
+
+Published values: 0 (unknown) until enough data (or a profile prior) backs them; then snapped to
+a geometric grid (`quantum`, 4 %) with hysteresis, so noise does not rewrite routing tables.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+Vec = tuple[float, float, float]
+Mat = tuple[Vec, Vec, Vec]
+
+
+@dataclass(frozen=True)
+class EngineRates:
+    """The published figures (RouteEntry fields of the same names); 0 = unknown."""
+
+    prefill_tokens_per_s: float = 0.0
+    decode_step_base_ms: float = 0.0
+    decode_step_per_seq_ms: float = 0.0
+
+    def step_ms(self, batch: float, prefill_tokens: float = 0.0) -> float:
+        """Predicted duration of a step decoding `batch` sequences and prefilling `prefill_tokens`."""
+        prefill = prefill_tokens * 1000.0 / self.prefill_tokens_per_s if self.prefill_tokens_per_s > 0 else 0.0
+        return self.decode_step_base_ms + self.decode_step_per_seq_ms * batch + prefill
+
+    @property
+    def complete(self) -> bool:
+        return self.prefill_tokens_per_s > 0 and self.decode_step_base_ms > 0 and self.decode_step_per_seq_ms > 0
+
+
+# Plausible for a mid-size model on a current datacenter GPU; only a starting point: the data
+# overrule it in every direction they identify.
+GENERIC_PRIOR = EngineRates(prefill_tokens_per_s=10_000.0, decode_step_base_ms=10.0, decode_step_per_seq_ms=0.1)
+
+
+@dataclass(frozen=True)
+class RateEstimatorConfig:
+    half_life_s: float = 120.0          # windows older than this count half
+    prior_weight: float = 200.0         # prior strength, in decode tokens of evidence
+    batch_scale: float = 32.0           # batch spread the prior's per_seq stands for
+    prefill_scale: float = 64.0         # prefill tokens per step the prior's prefill rate stands for
+    min_decode_tokens: float = 200.0    # forgotten-weighted decode tokens before publishing decode rates
+    min_prefill_tokens: float = 4096.0  # forgotten-weighted uncached prompt tokens before publishing prefill
+    quantum: float = 0.04               # published values move on a geometric grid of this ratio
+    max_step_ms: float = 60_000.0       # a mean inter-token time above this is garbage
+    base_ms_bounds: tuple[float, float] = (0.05, 5_000.0)
+    per_seq_ms_bounds: tuple[float, float] = (1e-4, 1_000.0)
+    prefill_tokens_per_s_bounds: tuple[float, float] = (10.0, 1e7)
+
+    def __post_init__(self) -> None:
+        positive = (self.half_life_s, self.prior_weight, self.batch_scale, self.prefill_scale, self.quantum,
+                    self.max_step_ms)
+        if not all(math.isfinite(v) and v > 0 for v in positive):
+            raise ValueError("rate estimator: half_life_s, prior_weight, scales, quantum, max_step_ms must be > 0")
+        for lo, hi in (self.base_ms_bounds, self.per_seq_ms_bounds, self.prefill_tokens_per_s_bounds):
+            if not 0 < lo < hi:
+                raise ValueError("rate estimator: bounds must satisfy 0 < low < high")
+
+
+@dataclass(frozen=True)
+class WorkWindow:
+    """One `tidegate.v1.EngineWork`: what the engine did between two scrapes (0 = not exported)."""
+
+    interval_s: float = 0.0
+    steps: float = 0.0
+    step_tokens: float = 0.0
+    prompt_tokens: float = 0.0
+    cached_prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+    itl_sum_s: float = 0.0
+    itl_count: float = 0.0
+    busy_s: float = 0.0
+
+    @classmethod
+    def from_proto(cls, w) -> WorkWindow:
+        """From a `tidegate.v1.EngineWork` (or anything with its field names)."""
+        return cls(interval_s=w.interval_s, steps=w.steps, step_tokens=w.step_tokens, prompt_tokens=w.prompt_tokens,
+                   cached_prompt_tokens=w.cached_prompt_tokens, generation_tokens=w.generation_tokens,
+                   itl_sum_s=w.itl_sum_s, itl_count=w.itl_count, busy_s=w.busy_s)
+
+
+@dataclass(frozen=True)
+class Observation:
+    batch: float           # x1: decoding sequences per step
+    prefill: float         # x2: uncached prefill tokens per step
+    step_ms: float         # y: mean inter-token time
+    weight: float          # decode tokens behind it
+    prefill_tokens: float  # uncached prompt tokens in the window
+
+
+def regressors(w: WorkWindow, max_step_ms: float = 60_000.0) -> Observation | None:
+    """The window's observation, or None when it holds no usable decode timing or any garbage."""
+    values = (w.interval_s, w.steps, w.step_tokens, w.prompt_tokens, w.cached_prompt_tokens, w.generation_tokens,
+              w.itl_sum_s, w.itl_count, w.busy_s)
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        return None
+    if w.interval_s <= 0 or w.itl_count < 1 or w.itl_sum_s <= 0:
+        return None
+    y = 1000.0 * w.itl_sum_s / w.itl_count
+    if not 0 < y <= max_step_ms:
+        return None
+    uncached = max(0.0, w.prompt_tokens - w.cached_prompt_tokens)
+    steps = w.steps
+    if steps <= 0:
+        busy = w.busy_s if w.busy_s > 0 else w.interval_s
+        steps = busy * 1000.0 / y
+    # Every decoded token ran in some step with at least one decode: fewer steps than that is garbage.
+    batch = w.itl_count / steps
+    if batch < 1.0:
+        # Steps without decodes (lone prefills) dilute the mean; the decoding steps still ran >= 1.
+        batch = 1.0
+    return Observation(batch=batch, prefill=uncached / steps, step_ms=y, weight=w.itl_count,
+                       prefill_tokens=uncached)
+
+
+def _solve3(a: Mat, b: Vec) -> Vec | None:
+    """Solve a 3x3 system by Cramer's rule; None when singular."""
+    (a11, a12, a13), (a21, a22, a23), (a31, a32, a33) = a
+    det = (a11 * (a22 * a33 - a23 * a32) - a12 * (a21 * a33 - a23 * a31) + a13 * (a21 * a32 - a22 * a31))
+    if not math.isfinite(det) or abs(det) < 1e-300:
+        return None
+    b1, b2, b3 = b
+    x1 = (b1 * (a22 * a33 - a23 * a32) - a12 * (b2 * a33 - a23 * b3) + a13 * (b2 * a32 - a22 * b3)) / det
+    x2 = (a11 * (b2 * a33 - a23 * b3) - b1 * (a21 * a33 - a23 * a31) + a13 * (a21 * b3 - b2 * a31)) / det
+    x3 = (a11 * (a22 * b3 - b2 * a32) - a12 * (a21 * b3 - b2 * a31) + b1 * (a21 * a32 - a22 * a31)) / det
+    return (x1, x2, x3)
+
+
+def _clamp(v: float, bounds: tuple[float, float]) -> float:
+    return min(bounds[1], max(bounds[0], v))
+
+
+def snap(value: float, quantum: float) -> float:
+    """Nearest point of the geometric grid (1 + quantum)^k, to 4 significant digits; 0 stays 0."""
+    if not (value > 0 and math.isfinite(value)):
+        return 0.0
+    step = math.log1p(quantum)
+    v = math.exp(round(math.log(value) / step) * step)
+    return float(f"{v:.4g}")
+
+
+def _publish(prev: float, value: float, quantum: float) -> float:
+    """Hysteresis: keep `prev` while `value` stays within 1.5 grid steps of it."""
+    if value <= 0:
+        return 0.0
+    if prev > 0 and abs(math.log(value / prev)) <= 1.5 * math.log1p(quantum):
+        return prev
+    return snap(value, quantum)
+
+
+@dataclass
+class RateEstimator:
+    """Per-replica online fit. `observe` each report's window; read `published` for the table."""
+
+    cfg: RateEstimatorConfig = field(default_factory=RateEstimatorConfig)
+    prior: EngineRates | None = None   # a profile's figures when known; None = GENERIC_PRIOR, unpublished
+    _a: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
+    _r: list[float] = field(default_factory=lambda: [0.0] * 3)
+    _decode_tokens: float = 0.0
+    _prefill_tokens: float = 0.0
+    _published: EngineRates = field(default_factory=EngineRates)
+    windows: int = 0      # accepted windows
+    rejected: int = 0     # windows with garbage or no decode timing
+
+    def __post_init__(self) -> None:
+        if self.prior is not None and not self.prior.complete:
+            self.prior = None
+        if self.prior is not None:
+            self._published = self._quantized(self.estimate(), EngineRates())
+
+    @property
+    def theta0(self) -> Vec:
+        p = self.prior or GENERIC_PRIOR
+        return (p.decode_step_base_ms, p.decode_step_per_seq_ms, 1000.0 / p.prefill_tokens_per_s)
+
+    def observe(self, window: WorkWindow) -> bool:
+        """Fold one window in; False (and nothing learnt) when it is garbage or holds no decode timing."""
+        obs = regressors(window, self.cfg.max_step_ms)
+        if obs is None:
+            self.rejected += 1
+            return False
+        keep = 0.5 ** (window.interval_s / self.cfg.half_life_s)
+        x = (1.0, obs.batch, obs.prefill)
+        for i in range(3):
+            self._r[i] = self._r[i] * keep + obs.weight * x[i] * obs.step_ms
+            for j in range(3):
+                self._a[i][j] = self._a[i][j] * keep + obs.weight * x[i] * x[j]
+        self._decode_tokens = self._decode_tokens * keep + obs.weight
+        self._prefill_tokens = self._prefill_tokens * keep + obs.prefill_tokens
+        self.windows += 1
+        self._published = self._quantized(self.estimate(), self._published)
+        return True
+
+    def estimate(self) -> EngineRates:
+        """The current fit, clamped to the bounds (the prior before any data)."""
+        cfg = self.cfg
+        t0 = self.theta0
+        lam = (cfg.prior_weight, cfg.prior_weight * cfg.batch_scale ** 2, cfg.prior_weight * cfg.prefill_scale ** 2)
+        a = tuple(tuple(self._a[i][j] + (lam[i] if i == j else 0.0) for j in range(3)) for i in range(3))
+        b = tuple(self._r[i] + lam[i] * t0[i] for i in range(3))
+        theta = _solve3(a, b) or t0  # type: ignore[arg-type]
+        if not all(math.isfinite(v) for v in theta):
+            theta = t0
+        base, per_seq, ms_per_token = theta
+        rate_lo, rate_hi = cfg.prefill_tokens_per_s_bounds
+        ms_per_token = min(1000.0 / rate_lo, max(1000.0 / rate_hi, ms_per_token))
+        return EngineRates(
+            prefill_tokens_per_s=1000.0 / ms_per_token,
+            decode_step_base_ms=_clamp(base, cfg.base_ms_bounds),
+            decode_step_per_seq_ms=_clamp(per_seq, cfg.per_seq_ms_bounds),
+        )
+
+    def _quantized(self, est: EngineRates, prev: EngineRates) -> EngineRates:
+        q = self.cfg.quantum
+        seeded = self.prior is not None
+        decode_ok = seeded or self._decode_tokens >= self.cfg.min_decode_tokens
+        prefill_ok = decode_ok and (seeded or self._prefill_tokens >= self.cfg.min_prefill_tokens)
+        if not decode_ok:
+            return EngineRates()
+        prefill = _publish(prev.prefill_tokens_per_s, est.prefill_tokens_per_s, q) if prefill_ok else 0.0
+        return EngineRates(
+            prefill_tokens_per_s=prefill,
+            decode_step_base_ms=_publish(prev.decode_step_base_ms, est.decode_step_base_ms, q),
+            decode_step_per_seq_ms=_publish(prev.decode_step_per_seq_ms, est.decode_step_per_seq_ms, q),
+        )
+
+    @property
+    def published(self) -> EngineRates:
+        """What the routing table carries: quantized, 0 where not yet backed by data or a profile."""
+        return self._published
