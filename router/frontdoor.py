@@ -11,14 +11,16 @@ Here, on top of aiohttp's own protocol:
 - **Body timeout** (`body_timeout_s`): applied where the body is read (router.proxy).
 - **Connection limit** (`max_client_connections`). A new connection beyond the limit first
   evicts the least recently active connection that is waiting for a request (idle keep-alive,
-  never used, or still sending headers) -- like nginx's reusable-connection queue, so idle
-  attackers cannot lock real clients out. Only when every connection has a request in progress
-  is the newcomer refused: a fixed 503 with an OpenAI error body, then close, without reading
-  or parsing anything.
+  never used, or still sending headers) and has been quiet for EVICT_MIN_IDLE_S -- like
+  nginx's reusable-connection queue, so idle attackers cannot lock real clients out, while a
+  client that just connected gets the time to send its request even in a flood. When no
+  connection qualifies, the newcomer is refused: a fixed 503 with an OpenAI error body, then
+  close, without reading or parsing anything.
 - **Every error in the OpenAI envelope**, parser-level ones included, logged with a rate limit.
 
-The accept loop of asyncio takes up to `LISTEN_BACKLOG` sockets before our code sees any, so
-the process's descriptor budget keeps that many spare (`fd_budget`).
+The accept loop of asyncio takes up to `LISTEN_BACKLOG` sockets before our code sees any, and
+the sockets closed to make room for them are released one loop turn later, so the process's
+descriptor budget keeps twice that many spare (`fd_budget`).
 """
 
 from __future__ import annotations
@@ -44,10 +46,13 @@ log = structlog.get_logger(__name__)
 
 LISTEN_BACKLOG = 1024
 # Descriptors beyond clients and engines: etcd channels, logs, the event loop, the listener,
-# plus one burst of accepted sockets (see the module docstring).
-FD_RESERVE = LISTEN_BACKLOG + 256
+# plus one burst of accepted sockets and as many evicted ones not yet released (module docstring).
+FD_RESERVE = 2 * LISTEN_BACKLOG + 256
 # How many least-recently-active connections one newcomer may look at for an idle one.
 EVICT_SCAN = 64
+# A connection quiet for less than this is never evicted: a real client that just connected
+# needs a few event-loop turns to be read, and a flood brings up to LISTEN_BACKLOG per turn.
+EVICT_MIN_IDLE_S = 1.0
 
 C = TypeVar("C", bound=Hashable)
 
@@ -61,39 +66,46 @@ class FrontDoorLimits:
 
 
 class ConnectionTable(Generic[C]):
-    """Open client connections in least-recently-active order. Pure bookkeeping."""
+    """Open client connections in least-recently-active order, with the time of their last
+    activity (from the caller's clock). Pure bookkeeping."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, min_idle_s: float = EVICT_MIN_IDLE_S) -> None:
         if limit < 1:
             raise ValueError("limit must be >= 1")
         self.limit = limit
-        self._conns: OrderedDict[C, None] = OrderedDict()
+        self.min_idle_s = min_idle_s
+        self._conns: OrderedDict[C, float] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._conns)
 
-    def add(self, conn: C) -> None:
-        self._conns[conn] = None
+    def add(self, conn: C, now: float) -> None:
+        self._conns[conn] = now
 
-    def touch(self, conn: C) -> None:
+    def touch(self, conn: C, now: float) -> None:
         if conn in self._conns:
+            self._conns[conn] = now
             self._conns.move_to_end(conn)
 
     def remove(self, conn: C) -> bool:
-        return self._conns.pop(conn, 0) is None
+        return self._conns.pop(conn, None) is not None
 
-    def make_room(self, is_idle: Callable[[C], bool]) -> tuple[bool, C | None]:
+    def make_room(self, is_idle: Callable[[C], bool], now: float) -> tuple[bool, C | None]:
         """Before adding a connection: (admit?, a connection to close to make room). Below the
-        limit: (True, None). At it: the least recently active idle connection is removed and
-        returned; when none of the EVICT_SCAN oldest is idle: (False, None)."""
+        limit: (True, None). At it: the least recently active connection that is idle and was
+        last active at least `min_idle_s` ago is removed and returned; when none of the
+        EVICT_SCAN oldest qualifies: (False, None)."""
         if len(self._conns) < self.limit:
             return True, None
         for _ in range(min(EVICT_SCAN, len(self._conns))):
-            conn = next(iter(self._conns))
+            conn, last = next(iter(self._conns.items()))
+            if now - last < self.min_idle_s:
+                return False, None  # the least recently active is recent: so is every other
             if is_idle(conn):
                 del self._conns[conn]
                 return True, conn
-            self._conns.move_to_end(conn)  # busy: look at it again only after the others
+            self._conns[conn] = now  # busy: look at it again only after the others
+            self._conns.move_to_end(conn)
         return False, None
 
 
@@ -146,6 +158,7 @@ class FrontDoor:
     def __init__(self, limits: FrontDoorLimits, on_event: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.limits = limits
+        self.clock = clock
         self.table: ConnectionTable[GuardedRequestHandler] = ConnectionTable(limits.max_client_connections)
         self._on_event = on_event or (lambda _kind: None)
         self._ratelog = LogRateLimiter(clock)
@@ -213,7 +226,7 @@ class GuardedRequestHandler(web_protocol.RequestHandler):
             self._header_timer = None
 
     def data_received(self, data: bytes) -> None:
-        self._door.table.touch(self)
+        self._door.table.touch(self, self._door.clock())
         if self._header_timer is None and self._current_request is None:
             self._header_timer = self._loop.call_later(self._door.limits.header_timeout_s, self._header_timeout)
         super().data_received(data)
@@ -273,7 +286,8 @@ class _GuardedServer(web.Server):
 
     def __call__(self) -> Any:
         door = self._door
-        admit, victim = door.table.make_room(lambda h: h.waiting_for_request)
+        now = door.clock()
+        admit, victim = door.table.make_room(lambda h: h.waiting_for_request, now)
         if victim is not None:
             victim.evict()
             door.event("evicted")
@@ -281,7 +295,7 @@ class _GuardedServer(web.Server):
             door.event("refused", limit=door.table.limit)
             return _Refuse()
         handler = GuardedRequestHandler(self, door=door, loop=self._loop, **self._kwargs)
-        door.table.add(handler)
+        door.table.add(handler, now)
         return handler
 
 

@@ -28,44 +28,52 @@ class FakeClock:
 
 
 def test_table_admits_below_the_limit():
-    t: ConnectionTable[str] = ConnectionTable(2)
-    assert t.make_room(lambda c: True) == (True, None)
-    t.add("a")
-    assert t.make_room(lambda c: True) == (True, None)
+    t: ConnectionTable[str] = ConnectionTable(2, min_idle_s=1)
+    assert t.make_room(lambda c: True, 0) == (True, None)
+    t.add("a", 0)
+    assert t.make_room(lambda c: True, 0) == (True, None)
 
 
 def test_table_evicts_the_least_recently_active_idle_connection():
-    t: ConnectionTable[str] = ConnectionTable(3)
+    t: ConnectionTable[str] = ConnectionTable(3, min_idle_s=1)
     for c in "abc":
-        t.add(c)
-    t.touch("a")  # a is now the most recently active
-    assert t.make_room(lambda c: True) == (True, "b")
-    assert len(t) == 2 and not t.remove("b")
+        t.add(c, 0)
+    t.touch("a", 1)  # a is now the most recently active
+    assert t.make_room(lambda c: True, 5) == (True, "b")
+    assert len(t) == 2 and not t.remove("b") and t.remove("c")
+
+
+def test_table_never_evicts_a_connection_quiet_for_less_than_min_idle():
+    t: ConnectionTable[str] = ConnectionTable(2, min_idle_s=1)
+    t.add("a", 0)
+    t.add("b", 0.5)
+    assert t.make_room(lambda c: True, 0.9) == (False, None)   # flood: refuse, keep the newcomers' elders
+    assert t.make_room(lambda c: True, 1.0) == (True, "a")
 
 
 def test_table_skips_busy_connections_and_refuses_when_all_are_busy():
-    t: ConnectionTable[str] = ConnectionTable(3)
+    t: ConnectionTable[str] = ConnectionTable(3, min_idle_s=1)
     for c in "abc":
-        t.add(c)
+        t.add(c, 0)
     busy = {"a", "b"}
-    assert t.make_room(lambda c: c not in busy) == (True, "c")
-    t.add("d")
+    assert t.make_room(lambda c: c not in busy, 5) == (True, "c")
+    t.add("d", 5)
     busy = {"a", "b", "d"}
-    assert t.make_room(lambda c: c not in busy) == (False, None)
+    assert t.make_room(lambda c: c not in busy, 10) == (False, None)
     assert len(t) == 3
 
 
 def test_table_scan_is_bounded():
-    t: ConnectionTable[int] = ConnectionTable(EVICT_SCAN * 2)
+    t: ConnectionTable[int] = ConnectionTable(EVICT_SCAN * 2, min_idle_s=1)
     for i in range(EVICT_SCAN * 2):
-        t.add(i)
+        t.add(i, 0)
     seen: list[int] = []
 
     def idle(c: int) -> bool:
         seen.append(c)
         return c == EVICT_SCAN * 2 - 1  # the newest: beyond the scan
 
-    assert t.make_room(idle) == (False, None)
+    assert t.make_room(idle, 5) == (False, None)
     assert len(seen) == EVICT_SCAN
 
 
@@ -86,20 +94,21 @@ def test_canned_responses_are_complete_http_with_an_openai_body(raw: bytes, stat
     assert set(err) == {"message", "type", "param", "code"}
 
 
-@pytest.mark.parametrize("nofile,clients,engines,want", [
-    (100_000, 8192, 10_000, (8192, 10_000)),          # fits
-    (20_000, 10_000, 10_000, (9360, 9360)),            # scaled down in proportion
-    (1024 + 256 + 2, 8192, 10_000, (1, 1)),            # barely anything left
+@pytest.mark.parametrize("nofile,clients,engines,reserve,want", [
+    (100_000, 8192, 10_000, 2304, (8192, 10_000)),     # fits
+    (20_000, 10_000, 10_000, 2000, (9000, 9000)),      # scaled down in proportion
+    (20_000, 8192, 10_000, 2304, (7968, 9727)),
+    (2304 + 2, 8192, 10_000, 2304, (1, 1)),            # barely anything left
 ])
-def test_fd_budget(nofile: int, clients: int, engines: int, want: tuple[int, int]):
-    got = fd_budget(nofile, clients, engines)
+def test_fd_budget(nofile: int, clients: int, engines: int, reserve: int, want: tuple[int, int]):
+    got = fd_budget(nofile, clients, engines, reserve)
     assert got == want
-    assert sum(got) <= max(2, nofile - 1024 - 256)
+    assert sum(got) <= max(2, nofile - reserve)
 
 
 def test_fd_budget_refuses_a_limit_below_the_reserve():
     with pytest.raises(ValueError, match="ulimit"):
-        fd_budget(1024, 10, 10)
+        fd_budget(1024, 10, 10, reserve=1024)
 
 
 def test_rate_limiter_logs_once_per_interval_and_counts_the_rest():
