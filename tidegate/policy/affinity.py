@@ -1,0 +1,96 @@
+"""Prefix affinity for the `tidegate` pick: where a prompt's prefix is (probably) cached, and
+where it should live when it is cached nowhere yet. Pure apart from the index's own state.
+
+- `PrefixIndex`: per replica, the chained prefix-block keys this router recently sent there
+  (tidegate.policy.baselines.prefix_blocks.LruBlocks), LRU-bounded to the replica's KV capacity
+  in tokens, as the engine's prefix cache is. Expected cached tokens = leading blocks found x
+  tokens per block.
+- `home_order`: rendezvous (highest-random-weight) hashing of the prompt's first blocks over
+  the candidates. Every router computes the same order from the same prompt and the same
+  candidate ids, with no shared state, so a new prefix lands on the same replica whichever
+  router sees it, and its later requests find it there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from tidegate.policy.baselines.prefix_blocks import LruBlocks, chained_keys, leading_matches
+
+# The home is chosen by the chained key of the block that covers the first HOME_TOKENS prompt
+# tokens (or the prompt's last block when shorter): deep enough that different documents or
+# conversations get different homes, shallow enough that a conversation's later turns, which
+# extend its prompt, keep the same one.
+HOME_TOKENS = 1024
+# Index capacity when the table does not say how much KV a replica has.
+DEFAULT_CAPACITY_TOKENS = 400_000
+_MASK = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a stable, well-spread 64-bit hash of an integer."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def _id_hash(replica_id: str) -> int:
+    # Process-independent (str.__hash__ is salted per process; routers must agree).
+    return int.from_bytes(hashlib.blake2b(replica_id.encode(), digest_size=8).digest(), "big")
+
+
+class PrefixBlocks:
+    """A request's chained block keys and the prompt tokens each block stands for."""
+
+    __slots__ = ("home_key", "keys", "tokens_per_block")
+
+    def __init__(self, prefix_hashes: Sequence, prompt_tokens: int) -> None:
+        self.keys = chained_keys(prefix_hashes)
+        self.tokens_per_block = max(1.0, prompt_tokens / len(self.keys)) if self.keys else 0.0
+        if self.keys:
+            depth = max(1, min(len(self.keys), round(HOME_TOKENS / self.tokens_per_block)))
+            self.home_key: int | None = self.keys[depth - 1] & _MASK
+        else:
+            self.home_key = None
+
+
+class PrefixIndex:
+    """Approximate prefix caches of the replicas, learned from this router's own dispatches."""
+
+    def __init__(self) -> None:
+        self._lru: dict[str, LruBlocks] = {}
+        self._ids: dict[str, int] = {}
+
+    def cached_tokens(self, replica_id: str, blocks: PrefixBlocks) -> int:
+        idx = self._lru.get(replica_id)
+        if idx is None or not blocks.keys:
+            return 0
+        return int(leading_matches(blocks.keys, idx.blocks) * blocks.tokens_per_block)
+
+    def learn(self, replica_id: str, blocks: PrefixBlocks, capacity_tokens: float) -> None:
+        if not blocks.keys:
+            return
+        idx = self._lru.get(replica_id)
+        cap = capacity_tokens if capacity_tokens > 0 else DEFAULT_CAPACITY_TOKENS
+        if idx is None:
+            idx = self._lru[replica_id] = LruBlocks(cap)
+        idx.capacity_tokens = cap
+        idx.insert(blocks.keys, blocks.tokens_per_block)
+
+    def rank(self, replica_id: str, home_key: int) -> int:
+        """Rendezvous score of `replica_id` for `home_key`: higher = more at home."""
+        h = self._ids.get(replica_id)
+        if h is None:
+            h = self._ids[replica_id] = _id_hash(replica_id)
+        return _mix64(home_key ^ h)
+
+
+def home_order(replica_ids: Sequence[str], blocks: PrefixBlocks) -> list[str]:
+    """The candidates in rendezvous order for the prompt's home key (best first); the input order
+    when the prompt has no blocks."""
+    if blocks.home_key is None:
+        return list(replica_ids)
+    key = blocks.home_key
+    return sorted(replica_ids, key=lambda r: (-_mix64(key ^ _id_hash(r)), r))

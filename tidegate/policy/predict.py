@@ -1,0 +1,138 @@
+"""Predicted TTFT and TPOT of one request on one replica, from load counted in tokens.
+
+Pure: numbers in, numbers out; no clock, no I/O. The `tidegate` pick (slo_pick.py) feeds it the
+load it sees per replica and decides; this module only predicts, so the simulator can report
+how good the predictions were (see README.md for the formulas and why).
+
+Engine model (vLLM-style continuous batching with chunked prefill, FCFS admission):
+
+- one step runs every decoding sequence (one token each) plus up to `CHUNK_TOKENS` prefill tokens;
+  its time is ``step_s(batch) + prefill_tokens / prefill_tps``;
+- prefill is served in arrival order, so a new request's first token comes after every prefill
+  token queued ahead of it plus its own uncached prompt;
+- requests behind it do not delay its first token, but their prefill chunks share the steps of
+  every sequence that is decoding meanwhile.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# Prefill tokens one engine step carries (vLLM's max_num_batched_tokens for chunked prefill on
+# large GPUs). Only the count of steps a prefill spans depends on it.
+CHUNK_TOKENS = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """How fast a replica computes: the figures the control plane fits from engine telemetry."""
+
+    prefill_tps: float      # prefill tokens per second (compute-bound, marginal)
+    step_base_s: float      # one decode step with an empty batch (weights read, launch overhead)
+    step_per_seq_s: float   # added per sequence in the decode batch (its KV read, sampling)
+
+    def step_s(self, batch: float) -> float:
+        return self.step_base_s + self.step_per_seq_s * max(0.0, batch)
+
+
+# Used for a figure no replica of the pool reports (0 = not fitted yet). Deliberately slower than
+# an 8B model on one H100 (~45k prefill tokens/s, ~8 ms + ~0.15 ms/seq steps): predicting too
+# much latency makes the pick balance harder and trade less for cache affinity, the safe side.
+DEFAULT_RATES = Rates(prefill_tps=25_000.0, step_base_s=0.010, step_per_seq_s=0.0003)
+
+
+def pool_rates(entries: Iterable) -> dict[str, Rates]:
+    """Rates per replica id: its own fitted figures; an unknown (<= 0 or non-finite) figure takes
+    the median of the replicas of the pool that know it (same model, likely same hardware), and
+    failing that DEFAULT_RATES's."""
+    entries = list(entries)
+
+    def known(v: float) -> bool:
+        return math.isfinite(v) and v > 0
+
+    def fill(name: str, default: float) -> float:
+        vals = [getattr(e, name, 0.0) for e in entries]
+        vals = [v for v in vals if known(v)]
+        return statistics.median(vals) if vals else default
+
+    pre = fill("prefill_tokens_per_s", DEFAULT_RATES.prefill_tps)
+    base = fill("decode_step_base_ms", DEFAULT_RATES.step_base_s * 1000.0) / 1000.0
+    per = fill("decode_step_per_seq_ms", DEFAULT_RATES.step_per_seq_s * 1000.0) / 1000.0
+    out = {}
+    for e in entries:
+        p = e.prefill_tokens_per_s if known(e.prefill_tokens_per_s) else pre
+        b = e.decode_step_base_ms / 1000.0 if known(e.decode_step_base_ms) else base
+        s = e.decode_step_per_seq_ms / 1000.0 if known(e.decode_step_per_seq_ms) else per
+        out[e.replica_id] = Rates(p, b, s)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """What is on a replica when the request would join, counted in tokens."""
+
+    queued_prefill: float   # prefill tokens ahead of the request (dispatched, no first token yet)
+    decoding: float         # sequences in the decode batch
+    kv_used: float          # KV tokens held
+    kv_capacity: float      # KV tokens in all; 0 = unknown (no KV wait is predicted)
+    # Sum over the sequences that will decode while this request's prefill runs (those decoding
+    # and those queued ahead of it) of 1 / (their output tokens - 1): how much of their TPOT one
+    # second of stall costs. A 5-token answer feels a stall 36 times more than a 145-token one.
+    fragility: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    replica_id: str
+    cached_tokens: int      # prompt tokens expected to hit the replica's prefix cache
+    prefill_tokens: int     # prompt tokens it must compute (>= 1)
+    ttft_s: float
+    tpot_s: float
+    kv_wait_s: float        # part of ttft_s spent waiting for KV room
+    stall_tpot_s: float     # TPOT its prefill adds, summed over the sequences decoding meanwhile
+    cost: float             # SLO budget the placement consumes (see predict)
+
+
+def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int, cached_tokens: int,
+            output_tokens: float, remaining_output: float, ttft_slo_s: float, tpot_slo_s: float) -> Prediction:
+    """TTFT and TPOT of a request of `prompt_tokens` (of which `cached_tokens` hit the cache) that
+    will generate about `output_tokens`, joining `load`. `remaining_output` is the typical number
+    of tokens a sequence decoding there still has to produce (over which prefill stretches it).
+
+        work    = queued_prefill + (prompt - cached)
+        ttft    = work / prefill_tps + ceil(work / CHUNK_TOKENS) * step_s(decoding) + kv_wait
+        kv_wait = shortfall / (kv_used / (remaining_output * step_s(decoding)))   when the KV
+                  cannot hold work + output: decoders free their KV over their remaining steps
+        tpot    = step_s(decoding + 1) + (work / prefill_tps) / remaining_output
+        stall   = (prompt - cached) / prefill_tps * fragility
+        cost    = ttft / ttft_slo + stall / tpot_slo
+
+    A sequence's TPOT is its decode time over its output tokens - 1, so a prefill of `s` seconds
+    that shares its steps adds s / (output - 1) to it: `stall` sums that over everyone decoding
+    while this request's prefill runs. `cost` is the share of the SLO budgets the placement
+    uses up: its own TTFT against the TTFT target plus the TPOT it takes from the others
+    against the TPOT target. The pick minimises it.
+    """
+    cached = max(0, min(int(cached_tokens), int(prompt_tokens) - 1))
+    own = max(1, int(prompt_tokens) - cached)
+    work = max(0.0, load.queued_prefill) + own
+    batch = max(0.0, load.decoding)
+    step = rates.step_s(batch)
+    prefill_s = work / rates.prefill_tps
+    ttft = prefill_s + math.ceil(work / CHUNK_TOKENS) * step
+    kv_wait = 0.0
+    remaining = max(1.0, remaining_output)
+    if load.kv_capacity > 0:
+        shortfall = work + max(0.0, output_tokens) - (load.kv_capacity - max(0.0, load.kv_used))
+        if shortfall > 0:
+            # The KV in use drains as its sequences finish, over about `remaining` steps each.
+            drain_tps = max(load.kv_used, 1.0) / (remaining * step)
+            kv_wait = shortfall / drain_tps
+    ttft += kv_wait
+    tpot = rates.step_s(batch + 1) + prefill_s / remaining
+    stall = own / rates.prefill_tps * max(0.0, load.fragility)
+    cost = ttft / ttft_slo_s + stall / tpot_slo_s
+    return Prediction(replica_id, cached, own, ttft, tpot, kv_wait, stall, cost)

@@ -1,0 +1,224 @@
+"""`tidegate`: the router's pick by predicted SLO fit, with load counted in tokens and prefix
+affinity that pays only while it helps. Formulas and reasons: README.md.
+
+Pipeline per request (pure: snapshot + request + rng in, pick out):
+
+1. candidates  routable (weight > 0) and not excluded (registry.PoolSnapshot.candidates);
+2. load        per replica, in tokens: this router's own in-flight work (fed by its hooks) plus
+               the other routers' share of the routing table's figures (`_load`);
+3. predict     TTFT, TPOT and the SLO budget the placement uses up (predict.py) on each
+               candidate, with the prompt tokens expected to hit that replica's prefix cache
+               (affinity.PrefixIndex) taken off its prefill;
+4. fit         keep the candidates whose predicted TPOT meets the target (none: keep all);
+5. band        keep those whose cost is within BAND_C of the cheapest (bounded load);
+6. choose      prompts with prefix blocks: in the band, the replica with the most cached tokens,
+               then the prefix's home (rendezvous order over its first blocks, the same on every
+               router), then the lowest cost; prompts without blocks: the lowest cost, ties at
+               random.
+
+Router-local state (one instance per router and pool) is fed by the hooks: `on_dispatch` counts
+the request's predicted prefill as queued on its replica and teaches the prefix index,
+`on_first_token` moves it from the prefill queue to the decode batch, `on_complete` forgets it.
+A router that never calls `on_first_token` keeps counting a request's prefill as queued until it
+completes: predictions are then pessimistic for that replica, never optimistic.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from tidegate.policy.affinity import PrefixBlocks, PrefixIndex
+from tidegate.policy.pick import Pick
+from tidegate.policy.predict import Prediction, ReplicaLoad, pool_rates, predict
+from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets, make_pick
+
+# Bounded load: affinity (cache reuse, the prefix's home) may cost at most this factor of the
+# cheapest placement, as consistent hashing with bounded loads caps a bin at c = 1.25 x average.
+BAND_C = 1.25
+# Output length assumed when the request does not say (max_tokens) and nothing was seen yet.
+DEFAULT_OUTPUT_TOKENS = 256
+# Weight of the newest sample in the running means (prefill per request, output, fragility).
+EWMA_ALPHA = 1.0 / 64
+
+
+def _fragility(output_tokens: float) -> float:
+    """TPOT a sequence gains per second of stall: its decode time is spread over output - 1 tokens."""
+    return 1.0 / max(1.0, output_tokens - 1.0)
+
+
+@dataclass(slots=True)
+class _Flight:
+    replica_id: str
+    prefill: float      # predicted uncached prompt tokens, counted as queued until the first token
+    kv: float           # KV tokens it will hold (prompt + expected output)
+    fragility: float
+    started: bool = False
+
+
+@dataclass(slots=True)
+class _Own:
+    """This router's requests on one replica."""
+
+    queued: float = 0.0     # prefill tokens of those without a first token
+    waiting: int = 0
+    decoding: int = 0
+    kv: float = 0.0
+    fragility: float = 0.0
+
+
+class TidegatePolicy:
+    name = "tidegate"
+    uses_prefix_hashes = True  # the router computes RequestFeatures.prefix_hashes only for such policies
+
+    def __init__(self, slo: SloTargets | None = None, band_c: float = BAND_C) -> None:
+        if not band_c >= 1.0:
+            raise ValueError("band_c must be >= 1")
+        self.slo = slo or SloTargets()
+        self.band_c = band_c
+        self._index = PrefixIndex()
+        self._own: dict[str, _Own] = {}
+        self._flights: dict[tuple[object, str], _Flight] = {}
+        self._seen = 0
+        self._mean_prefill = 0.0
+        self._mean_output = float(DEFAULT_OUTPUT_TOKENS)
+        self._mean_fragility = _fragility(DEFAULT_OUTPUT_TOKENS)
+        self._capacity: dict[str, float] = {}   # KV tokens per replica, from the last table seen
+        self._last: tuple[RequestFeatures, PrefixBlocks] | None = None
+
+    # ------------------------------------------------------------------ prediction
+
+    def _blocks(self, request: RequestFeatures) -> PrefixBlocks:
+        last = self._last
+        if last is not None and last[0] is request:
+            return last[1]
+        blocks = PrefixBlocks(request.prefix_hashes, request.prompt_tokens)
+        self._last = (request, blocks)
+        return blocks
+
+    def _output(self, request: RequestFeatures) -> float:
+        return float(request.max_tokens) if request.max_tokens else self._mean_output
+
+    def _others_share(self, cands: list[RouteInfo]) -> float:
+        """The share of the table's in-flight requests that are *not* this router's: 1 - own
+        in-flight / (running + waiting) summed over the pool (one replica's noise does not
+        decide), clamped to [0, 1]. About 0 with one router, about 1 - 1/N with N alike."""
+        table = sum(e.running + e.waiting for e in cands)
+        if table <= 0:
+            return 0.0
+        own = sum(o.waiting + o.decoding for o in self._own.values())
+        return max(0.0, 1.0 - own / table)
+
+    def _load(self, e: RouteInfo, others: float) -> ReplicaLoad:
+        """This router's own in-flight work (exact and fresh, but only its share) plus the others'
+        share of the table's figures (everyone's, but up to a report old). Other routers'
+        requests are assumed to look like this router's (mean prefill, mean fragility)."""
+        own = self._own.get(e.replica_id) or _Own()
+        waiting_others = others * max(0, e.waiting)
+        running_others = others * max(0, e.running)
+        queued = own.queued + waiting_others * self._mean_prefill
+        decoding = own.decoding + running_others
+        fragility = own.fragility + (waiting_others + running_others) * self._mean_fragility
+        cap = float(max(0, e.kv_capacity_tokens))
+        kv_used = max(own.kv, cap - max(0, e.kv_free_tokens)) if cap > 0 else own.kv
+        return ReplicaLoad(queued, decoding, kv_used, cap, fragility)
+
+    def predictions(self, snapshot: PoolSnapshot, request: RequestFeatures) -> list[Prediction]:
+        """One per candidate, in replica-id order: what `pick` decides on."""
+        cands = snapshot.candidates()
+        if not cands:
+            return []
+        slo = snapshot.slo or self.slo
+        blocks = self._blocks(request)
+        rates = pool_rates(cands)
+        for e in cands:
+            self._capacity[e.replica_id] = float(e.kv_capacity_tokens)
+        out = self._output(request)
+        remaining = max(1.0, self._mean_output / 2)
+        others = self._others_share(cands)
+        return [predict(e.replica_id, self._load(e, others), rates[e.replica_id], request.prompt_tokens,
+                        self._index.cached_tokens(e.replica_id, blocks), out, remaining, slo.ttft_s, slo.tpot_s)
+                for e in cands]
+
+    # ------------------------------------------------------------------ decision
+
+    def pick(self, snapshot: PoolSnapshot, request: RequestFeatures, rng: random.Random) -> Pick | None:
+        preds = self.predictions(snapshot, request)
+        if not preds:
+            return None
+        by_id = {e.replica_id: e for e in snapshot.entries}
+        if len(preds) == 1:
+            return make_pick(by_id[preds[0].replica_id], "only_candidate", preds[0].cost, 1)
+        slo = snapshot.slo or self.slo
+        fit = [p for p in preds if p.tpot_s <= slo.tpot_s]
+        reason = "slo_fit"
+        if not fit:
+            fit, reason = preds, "no_tpot_fit"
+        best = min(p.cost for p in fit)
+        blocks = self._blocks(request)
+        if blocks.home_key is not None:
+            band = [p for p in fit if p.cost <= self.band_c * best]
+            key = blocks.home_key
+            chosen = min(band, key=lambda p: (-p.cached_tokens, -self._index.rank(p.replica_id, key), p.cost))
+        else:
+            ties = [p for p in fit if p.cost <= best]
+            chosen = ties[rng.randrange(len(ties))] if len(ties) > 1 else ties[0]
+        return make_pick(by_id[chosen.replica_id], reason, chosen.cost, len(preds))
+
+    # ------------------------------------------------------------------ router-local state (hooks)
+
+    @staticmethod
+    def _key(request: RequestFeatures, replica_id: str) -> tuple[object, str]:
+        # The router and the simulator hand the same RequestFeatures object to every hook of one
+        # attempt; req_id, when set, survives copies.
+        return (request.req_id or id(request), replica_id)
+
+    def on_dispatch(self, request: RequestFeatures, replica_id: str) -> None:
+        blocks = self._blocks(request)
+        cached = self._index.cached_tokens(replica_id, blocks)
+        prefill = float(max(1, request.prompt_tokens - cached))
+        out = self._output(request)
+        kv = float(request.prompt_tokens) + out
+        frag = _fragility(out)
+        self._seen += 1
+        if self._seen == 1:
+            self._mean_prefill = prefill
+            self._mean_fragility = frag
+        else:
+            self._mean_prefill += EWMA_ALPHA * (prefill - self._mean_prefill)
+            self._mean_fragility += EWMA_ALPHA * (frag - self._mean_fragility)
+        if request.max_tokens:
+            self._mean_output += EWMA_ALPHA * (request.max_tokens - self._mean_output)
+        own = self._own.setdefault(replica_id, _Own())
+        own.queued += prefill
+        own.waiting += 1
+        own.kv += kv
+        own.fragility += frag
+        self._flights[self._key(request, replica_id)] = _Flight(replica_id, prefill, kv, frag)
+        # Bounded by the replica's KV capacity, as its prefix cache is.
+        self._index.learn(replica_id, blocks, self._capacity.get(replica_id, 0.0))
+
+    def on_first_token(self, request: RequestFeatures, replica_id: str) -> None:
+        f = self._flights.get(self._key(request, replica_id))
+        if f is None or f.started:
+            return
+        f.started = True
+        own = self._own[replica_id]
+        own.queued = max(0.0, own.queued - f.prefill)
+        own.waiting = max(0, own.waiting - 1)
+        own.decoding += 1
+
+    def on_complete(self, request: RequestFeatures, replica_id: str) -> None:
+        f = self._flights.pop(self._key(request, replica_id), None)
+        if f is None:
+            return
+        own = self._own[replica_id]
+        if f.started:
+            own.decoding = max(0, own.decoding - 1)
+        else:
+            own.queued = max(0.0, own.queued - f.prefill)
+            own.waiting = max(0, own.waiting - 1)
+        own.kv = max(0.0, own.kv - f.kv)
+        own.fragility = max(0.0, own.fragility - f.fragility)
+        if own.waiting == 0 and own.decoding == 0:
+            del self._own[replica_id]  # nothing left: no float drift carried forward
