@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import random
 import time
@@ -223,7 +224,9 @@ class Proxy:
             self._inflight.acquire(choice.replica_id)
             registry.notify(policy, "on_dispatch", req, choice.replica_id)
             try:
-                result = await self._attempt(request, body, table, choice, features, t0)
+                result = await self._attempt(request, body, table, choice, features, t0,
+                                             first_token=functools.partial(registry.notify, policy, "on_first_token",
+                                                                           req, choice.replica_id))
             finally:
                 self._inflight.release(choice.replica_id)
                 registry.notify(policy, "on_complete", req, choice.replica_id)
@@ -247,7 +250,8 @@ class Proxy:
         return json_error(502, failure.message, "upstream_error", code=f"upstream_{failure.kind}")
 
     async def _attempt(self, request: web.Request, body: bytes, table: PoolTable, choice: registry.Pick,
-                       features: RequestFeatures, t0: float) -> web.StreamResponse | _Failure:
+                       features: RequestFeatures, t0: float,
+                       first_token: Callable[[], None] | None = None) -> web.StreamResponse | _Failure:
         url = choice.endpoint + request.rel_url.path_qs
         headers = forward_request_headers(request.headers)
         sent = self._clock()
@@ -271,6 +275,8 @@ class Proxy:
                                 "the engine did not answer within the first-byte timeout")
             except (aiohttp.ClientError, ConnectionError) as exc:
                 return _Failure("reset", True, 502, f"connection to replica failed: {exc.__class__.__name__}")
+            if first_token is not None:  # the engine's first body chunk: its prefill is done
+                first_token()
             result = await self._stream(request, upstream, first, table, choice, features, t0)
             done = True
             return result

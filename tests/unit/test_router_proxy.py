@@ -321,4 +321,45 @@ def test_only_prefix_aware_policies_get_prefix_hashes():
     from tidegate.policy import registry
 
     aware = {n for n in registry.names() if getattr(registry.create(n), "uses_prefix_hashes", False)}
-    assert aware == {"llmd", "sglang_cache_aware"}
+    assert aware == {"tidegate", "llmd", "llmd_table", "sglang_cache_aware"}
+
+
+class FakeHookPolicy:
+    """Picks the first candidate; records the hooks the router calls, in order."""
+
+    name = "fake_hooks"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def pick(self, snapshot, request, rng):
+        from tidegate.policy import registry
+
+        cands = snapshot.candidates()
+        return registry.make_pick(cands[0], "first", 0.0, len(cands)) if cands else None
+
+    def on_dispatch(self, request, replica_id):
+        self.calls.append(("dispatch", replica_id))
+
+    def on_first_token(self, request, replica_id):
+        self.calls.append(("first_token", replica_id))
+
+    def on_complete(self, request, replica_id):
+        self.calls.append(("complete", replica_id))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_router_feeds_every_policy_hook(engines, monkeypatch, refused_port, stream):
+    from tidegate.policy import registry
+
+    fake = FakeHookPolicy()
+    monkeypatch.setattr(registry, "create", lambda name: fake)
+    tables = RoutingTables()
+    # "a" refuses connections: dispatch + complete without a first token, then "b" serves it.
+    set_table(tables, "m", [("a", f"http://127.0.0.1:{refused_port()}", 1.0), ("b", engines[0].url, 1.0)])
+    async with Router(tables) as client:
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+        assert r.status == 200
+        await r.read()
+    assert fake.calls == [("dispatch", "a"), ("complete", "a"),
+                          ("dispatch", "b"), ("first_token", "b"), ("complete", "b")]
