@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import signal
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -28,6 +31,7 @@ log = structlog.get_logger(__name__)
 
 SECTION = "agent"
 GPU_SOURCES = ("nvml", "sim")
+TOKEN_ENV = "TIDEGATE_TELEMETRY_TOKEN"
 
 
 class AgentConfig(ConfigBase):
@@ -49,6 +53,9 @@ class AgentConfig(ConfigBase):
         (), validate_default=True,
         description="(required) Control-plane addresses, comma-separated host:port; tried in order.",
     )
+    telemetry_token_file: str = Field(
+        "", description=f"File holding this agent's telemetry token (sent as 'authorization: Bearer' "
+        f"metadata; the control plane binds it to replica ids). Else the token comes from ${TOKEN_ENV}.")
     report_interval_s: float = Field(1.0, gt=0, description="Seconds between reports.")
     scrape_timeout_s: float = Field(2.0, gt=0, description="Timeout of each engine poll, seconds.")
     latency_window_s: float = Field(
@@ -116,17 +123,37 @@ def load_config(args: argparse.Namespace) -> AgentConfig:
     return tidegate.config.load(AgentConfig, SECTION, args, getattr(args, "config", None))
 
 
+def load_token(cfg: AgentConfig, environ: Mapping[str, str]) -> str | None:
+    """The telemetry token: --telemetry-token-file, else $TIDEGATE_TELEMETRY_TOKEN, else None.
+    Raises ConfigError (which never quotes the token) when the file is unreadable or empty."""
+    if cfg.telemetry_token_file:
+        try:
+            token = Path(cfg.telemetry_token_file).read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise ConfigError(f"agent.telemetry_token_file: cannot read {cfg.telemetry_token_file}: "
+                              f"{e.strerror or e}") from None
+        if not token or any(c.isspace() for c in token):
+            raise ConfigError(f"agent.telemetry_token_file: {cfg.telemetry_token_file} must hold one token "
+                              "(no spaces)")
+        return token
+    return environ.get(TOKEN_ENV, "").strip() or None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args)
+        token = load_token(cfg, os.environ)
     except ConfigError as exc:
         print(f"tidegate agent: {exc}", file=sys.stderr)
         return 2
     tidegate.logs.configure(cfg.log_level, cfg.log_json, process="agent")
-    return asyncio.run(serve(cfg))
+    if token is None:
+        log.warning("telemetry_token_unset", hint=f"no --telemetry-token-file or ${TOKEN_ENV}: a control plane "
+                    "that authenticates agents refuses this agent's stream")
+    return asyncio.run(serve(cfg, token=token))
 
 
-async def serve(cfg: AgentConfig, stop: asyncio.Event | None = None) -> int:
+async def serve(cfg: AgentConfig, stop: asyncio.Event | None = None, *, token: str | None = None) -> int:
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -156,7 +183,7 @@ async def serve(cfg: AgentConfig, stop: asyncio.Event | None = None) -> int:
             )
             client = StreamClient(
                 cfg.controlplane, hello, collector, report_interval_s=cfg.report_interval_s,
-                rng=random.Random().random, metrics=metrics,
+                rng=random.Random().random, metrics=metrics, token=token,
             )
             await client.run(stop)
     finally:

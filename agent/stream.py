@@ -102,6 +102,7 @@ class StreamClient:
         initial_backoff_s: float = 0.2,
         max_backoff_s: float = 10.0,
         stable_s: float = 10.0,
+        token: str | None = None,
     ) -> None:
         if not targets:
             raise ValueError("at least one control-plane address is required")
@@ -115,6 +116,8 @@ class StreamClient:
         self._initial = initial_backoff_s
         self._max = max_backoff_s
         self._stable_s = stable_s
+        # Sent as call metadata only; never logged.
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._interval_changed = asyncio.Event()
         self.streams_opened = 0
         self.last_ack: telemetry_pb2.Ack | None = None
@@ -145,7 +148,7 @@ class StreamClient:
         """Run one stream to its end; returns why it ended."""
         async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
             stub = telemetry_pb2_grpc.TelemetryStub(channel)
-            call = stub.Stream()
+            call = stub.Stream(metadata=self._metadata)
             tasks = [
                 asyncio.create_task(self._send(call, target), name="agent-send"),
                 asyncio.create_task(self._receive(call), name="agent-receive"),

@@ -6,13 +6,15 @@ The token file is like kube-apiserver's: one `token,name,role` CSV line per toke
 an operator method -> PERMISSION_DENIED. With no file every admin call is UNAUTHENTICATED.
 Tokens are never logged; the actor recorded in intents and events is `sre:<name>`.
 
-The agents' Telemetry stream is not authenticated yet (it is a separate service; agents
-run inside the serving network).
+Agents authenticate to the Telemetry stream with their own tokens, bound to replica ids
+(controlplane/telemetry_auth.py); this module holds the pieces both share (`csv_records`,
+`bearer_token`).
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,8 @@ VIEWER = "viewer"
 OPERATOR = "operator"
 ROLES = (VIEWER, OPERATOR)
 
+Metadata = tuple[tuple[str, str | bytes], ...] | None
+
 
 @dataclass(frozen=True)
 class Principal:
@@ -36,18 +40,26 @@ class Principal:
         return f"sre:{self.name}"
 
 
-def parse_tokens(text: str, source: str = "tokens file") -> dict[str, Principal]:
-    """Raises ConfigError naming the source and line of the first bad line."""
-    out: dict[str, Principal] = {}
+def csv_records(text: str, source: str, fields: str) -> Iterator[tuple[str, list[str]]]:
+    """(where, fields) per non-blank, non-comment line of a small CSV credentials file; `fields`
+    names the columns ("token,name,role"). Raises ConfigError naming the source and line of a
+    line with the wrong number of fields."""
+    want = len(fields.split(","))
     for n, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         parts = [p.strip() for p in line.split(",")]
         where = f"{source} line {n}"
-        if len(parts) != 3:
-            raise ConfigError(f"{where}: expected 'token,name,role', got {len(parts)} fields")
-        token, name, role = parts
+        if len(parts) != want:
+            raise ConfigError(f"{where}: expected '{fields}', got {len(parts)} fields")
+        yield where, parts
+
+
+def parse_tokens(text: str, source: str = "tokens file") -> dict[str, Principal]:
+    """Raises ConfigError naming the source and line of the first bad line."""
+    out: dict[str, Principal] = {}
+    for where, (token, name, role) in csv_records(text, source, "token,name,role"):
         if not token or not name:
             raise ConfigError(f"{where}: token and name must not be empty")
         if any(c.isspace() for c in token):
@@ -60,32 +72,45 @@ def parse_tokens(text: str, source: str = "tokens file") -> dict[str, Principal]
     return out
 
 
-def load_tokens(path: str | Path) -> dict[str, Principal]:
-    p = Path(path)
+def read_credentials_file(path: str | Path, what: str) -> str:
+    """The file's text; ConfigError naming `what` and the path when it cannot be read."""
     try:
-        text = p.read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"auth tokens file {p}: {e.strerror or e}") from None
-    return parse_tokens(text, source=f"auth tokens file {p}")
+        raise ConfigError(f"{what} {path}: {e.strerror or e}") from None
+
+
+def load_tokens(path: str | Path) -> dict[str, Principal]:
+    return parse_tokens(read_credentials_file(path, "auth tokens file"), source=f"auth tokens file {path}")
+
+
+MISSING_BEARER = "missing 'authorization: Bearer <token>' metadata"
+
+
+def bearer_token(metadata: Metadata) -> str | None:
+    """The token of the call's `authorization: Bearer <token>` metadata, or None."""
+    header = ""
+    for k, v in metadata or ():
+        if k.lower() == "authorization":
+            header = v.decode() if isinstance(v, bytes) else v
+            break
+    scheme, _, token = header.strip().partition(" ")
+    if not header or scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
 
 
 class Authenticator:
     def __init__(self, tokens: dict[str, Principal] | None) -> None:
         self._tokens = dict(tokens or {})
 
-    def identify(self, metadata: tuple[tuple[str, str | bytes], ...] | None) -> Principal | None | str:
+    def identify(self, metadata: Metadata) -> Principal | None | str:
         """The principal, or a string saying why there is none."""
         if not self._tokens:
             return "admin API has no tokens configured (start the control plane with --auth-tokens-file)"
-        header = ""
-        for k, v in metadata or ():
-            if k.lower() == "authorization":
-                header = v.decode() if isinstance(v, bytes) else v
-                break
-        scheme, _, token = header.strip().partition(" ")
-        if not header or scheme.lower() != "bearer" or not token.strip():
-            return "missing 'authorization: Bearer <token>' metadata"
-        token = token.strip()
+        token = bearer_token(metadata)
+        if token is None:
+            return MISSING_BEARER
         for known, principal in self._tokens.items():
             # Constant-time compare: token checks must not leak prefixes through timing.
             if hmac.compare_digest(known.encode(), token.encode()):

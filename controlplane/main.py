@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import time
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -32,6 +33,13 @@ from controlplane.metrics import Metrics
 from controlplane.publisher import TablePublisher
 from controlplane.slo import PoolSlos, ScaleReporter
 from controlplane.telemetry import TelemetryService
+from controlplane.telemetry_auth import (
+    DEFAULT_ALLOWED_NETWORKS,
+    NO_CREDENTIALS,
+    AllowedNetworks,
+    CredentialsFile,
+    TelemetryAccess,
+)
 from tidegate import codec, config, keys, logs
 from tidegate.errors import StoreError
 from tidegate.policy.faults import FaultPolicyConfig
@@ -60,7 +68,18 @@ class ControlPlaneConfig(config.ConfigBase, config.EtcdFields):
     presence_ttl_s: int = Field(5, ge=1, description="TTL of the leased ReplicaPresence keys, seconds.")
     auth_tokens_file: str = Field("", description="Admin API tokens: one 'token,name,role' line per token "
                                   "(role viewer or operator, '#' comments). Without it every admin call is "
-                                  "UNAUTHENTICATED. Telemetry streams are not authenticated.")
+                                  "UNAUTHENTICATED.")
+    telemetry_credentials_file: str = Field(
+        "", description="Agent credentials: one 'identity,sha256-of-token,replica-id globs' line per agent token "
+        "(see docs/SECURITY.md; re-read when it changes). Without it (and without --telemetry-insecure) every "
+        "telemetry stream is refused with UNAUTHENTICATED.")
+    telemetry_insecure: bool = Field(
+        False, description="Development only: accept telemetry streams without a token (any client may then "
+        "register any replica id). Logged as a warning.")
+    telemetry_allowed_networks: tuple[str, ...] = Field(
+        DEFAULT_ALLOWED_NETWORKS, description="Where advertised engine endpoints may point, comma-separated CIDRs "
+        "or host-name globs (10.0.0.0/8,*.svc.cluster.local); a Hello with another endpoint is refused "
+        "with PERMISSION_DENIED.")
     slo_ttft_ms: float = Field(0.0, ge=0, description="TTFT target for pool SLO attainment (0 = unknown).")
     slo_itl_ms: float = Field(0.0, ge=0, description="ITL target for pool SLO attainment (0 = unknown).")
     unhealthy_reports: int = Field(3, ge=1, description="Consecutive reports with a failing engine /health "
@@ -73,6 +92,13 @@ class ControlPlaneConfig(config.ConfigBase, config.EtcdFields):
                                      "doubles per ejection in a row.")
     readmit_backoff_max_s: float = Field(300.0, gt=0, description="Cap of the re-admission backoff.")
     events_keep: int = Field(5000, ge=1, description="Audit events kept in etcd (older ones are deleted).")
+
+    @field_validator("telemetry_allowed_networks", mode="before")
+    @classmethod
+    def _networks(cls, v: Any) -> tuple[str, ...]:
+        items = tuple(str(x).strip() for x in (v.split(",") if isinstance(v, str) else v) if str(x).strip())
+        AllowedNetworks.parse(items)  # ValueError names the bad entry
+        return items
 
     @field_validator("listen")
     @classmethod
@@ -102,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
             pressure_eject_after_s=cfg.pressure_eject_after_s, backoff_initial_s=cfg.readmit_backoff_s,
             backoff_max_s=max(cfg.readmit_backoff_s, cfg.readmit_backoff_max_s))
         tokens = load_tokens(cfg.auth_tokens_file) if cfg.auth_tokens_file else {}
+        access = telemetry_access(cfg)
     except (config.ConfigError, ValueError) as e:
         print(f"tidegate controlplane: {e}", file=sys.stderr)
         return 2
@@ -109,8 +136,24 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(cfg.log_level, cfg.log_json, process=f"controlplane:{cp_id}")
     if not tokens:
         log.warning("admin_auth_unconfigured", hint="no --auth-tokens-file: every admin call is refused")
+    if access.credentials is None:
+        log.warning("telemetry_insecure", hint="--telemetry-insecure: any client that reaches this port may "
+                    "register any replica id and receive its traffic; development only")
+    elif not cfg.telemetry_credentials_file:
+        log.warning("telemetry_auth_unconfigured",
+                    hint="no --telemetry-credentials-file: every agent stream is refused")
     return asyncio.run(ControlPlane(cfg, policy, cp_id, fault_policy=fault_policy,
-                                    auth=Authenticator(tokens)).main())
+                                    auth=Authenticator(tokens), telemetry_access=access).main())
+
+
+def telemetry_access(cfg: ControlPlaneConfig) -> TelemetryAccess:
+    """Raises ConfigError when the credentials file cannot be read or parsed."""
+    networks = AllowedNetworks.parse(cfg.telemetry_allowed_networks)
+    if cfg.telemetry_insecure:
+        return TelemetryAccess(None, networks)
+    if not cfg.telemetry_credentials_file:
+        return TelemetryAccess(NO_CREDENTIALS, networks)
+    return TelemetryAccess(CredentialsFile(cfg.telemetry_credentials_file), networks)
 
 
 def server_options() -> list[tuple[str, int]]:
@@ -128,7 +171,8 @@ def server_options() -> list[tuple[str, int]]:
 
 class ControlPlane:
     def __init__(self, cfg: ControlPlaneConfig, policy: WeightPolicyConfig, cp_id: str, *,
-                 fault_policy: FaultPolicyConfig | None = None, auth: Authenticator | None = None) -> None:
+                 fault_policy: FaultPolicyConfig | None = None, auth: Authenticator | None = None,
+                 telemetry_access: TelemetryAccess | None = None) -> None:
         self.cfg = cfg
         self.id = cp_id
         self.metrics = Metrics()
@@ -137,6 +181,8 @@ class ControlPlane:
         self.publisher = TablePublisher(self.store, cp_id, metrics=self.metrics)
         self.presence = LeaseKeeper(self.store, cfg.presence_ttl_s)
         self.auth = auth or Authenticator({})
+        self.telemetry_access = telemetry_access or TelemetryAccess(
+            NO_CREDENTIALS, AllowedNetworks.parse(DEFAULT_ALLOWED_NETWORKS))
         # Any intent or router change wakes the decision loop at once (a standby may have
         # written the intent; a router's in-flight count may complete a drain).
         self._wake = asyncio.Event()
@@ -300,7 +346,8 @@ class ControlPlane:
             log.error("etcd_unreachable", error=str(e))
             return 1
         server = grpc.aio.server(options=server_options())
-        telemetry = TelemetryService(self.fleet, self.presence, self.id, metrics=self.metrics,
+        telemetry = TelemetryService(self.fleet, self.presence, self.id, access=self.telemetry_access,
+                                     metrics=self.metrics,
                                      is_leader=lambda: self.leadership.is_leader)
         telemetry_pb2_grpc.add_TelemetryServicer_to_server(telemetry, server)
         admin = AdminService(self.fleet, self.store, self.publisher, self.id, lambda: self.leadership.is_leader,

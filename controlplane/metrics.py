@@ -11,6 +11,9 @@ class Metrics:
         r = self.registry
         self.reports = Counter("tidegate_cp_reports_received", "Telemetry reports received.", registry=r)
         self.streams_open = Gauge("tidegate_cp_streams_open", "Agent telemetry streams open.", registry=r)
+        self.streams_refused = Counter(
+            "tidegate_cp_streams_refused", "Telemetry streams refused by authentication or binding checks.",
+            ["code"], registry=r)
         self.ticks = Counter("tidegate_cp_ticks", "Decision-loop ticks.", registry=r)
         self.tables_published = Counter(
             "tidegate_cp_tables_published", "Routing tables written to etcd.", ["pool"], registry=r)

@@ -9,6 +9,11 @@ loses its term tells its agents to reconnect elsewhere (Directive KIND_RECONNECT
 and ends their streams. Agents hold every control-plane address and move on to the next
 one, so the fleet state always lives in the instance that publishes the tables. After a
 failover the new leader learns the fleet as agents reconnect (within their backoff).
+
+Every stream is authenticated and bound (controlplane/telemetry_auth.py): the agent's bearer
+token names an identity, which must be allowed the Hello's replica id and endpoint, and a
+replica id is held by one identity's newest stream (an older stream of the same identity is
+superseded and ends with ABORTED). A stream keeps the replica id and endpoint of its Hello.
 """
 
 from __future__ import annotations
@@ -16,21 +21,33 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import NoReturn
 
 import grpc
 import grpc.aio
 import structlog
 from google.protobuf import timestamp_pb2
 
+from controlplane.auth import bearer_token
 from controlplane.fleet import FleetState
 from controlplane.metrics import Metrics
+from controlplane.telemetry_auth import ReplicaClaims, TelemetryAccess
 from tidegate import codec, keys
+from tidegate.errors import AuthError, ReplicaHeldError, UnauthenticatedError
 from tidegate.store.lease import LeaseKeeper
 from tidegate.v1 import records_pb2, telemetry_pb2, telemetry_pb2_grpc
 
 log = structlog.get_logger(__name__)
 
 PROTOCOL_VERSION = 1
+
+
+def _refusal_code(e: AuthError) -> grpc.StatusCode:
+    if isinstance(e, UnauthenticatedError):
+        return grpc.StatusCode.UNAUTHENTICATED
+    if isinstance(e, ReplicaHeldError):
+        return grpc.StatusCode.ALREADY_EXISTS
+    return grpc.StatusCode.PERMISSION_DENIED
 
 
 class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
@@ -40,6 +57,7 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
         presence: LeaseKeeper | None,
         controlplane_id: str,
         *,
+        access: TelemetryAccess,
         metrics: Metrics | None = None,
         wall_clock: Callable[[], float] = time.time,
         is_leader: Callable[[], bool] = lambda: True,
@@ -50,9 +68,12 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
         self._metrics = metrics
         self._wall = wall_clock
         self._is_leader = is_leader
+        self._access = access
         self._stream_seq = 0
-        # replica_id -> token of its newest stream here; only that stream removes the presence.
-        self._owner: dict[str, int] = {}
+        # replica_id -> the identity and stream holding it; only the holder removes the presence.
+        self._claims = ReplicaClaims()
+        # A rogue client retrying in a loop must not flood the log: one line per second per code.
+        self._refusal_log: dict[grpc.StatusCode, tuple[float, int]] = {}
         self._cleanups: set[asyncio.Task[None]] = set()
 
     async def Stream(  # noqa: N802 (gRPC method name)
@@ -66,6 +87,13 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
             break
         if first is None:
             return
+        # Checked after reading the first message: refusing while the client's first write is
+        # still in flight makes its gRPC library report INTERNAL instead of this status.
+        presented = bearer_token(context.invocation_metadata())
+        try:
+            identity = self._access.identify(presented)
+        except AuthError as e:
+            await self._refuse(context, e)
         if first.WhichOneof("msg") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "the first message of a telemetry stream must be a Hello")
@@ -76,32 +104,55 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
                 f"protocol_version {hello.protocol_version} not supported (this control plane speaks "
                 f"{PROTOCOL_VERSION})",
             )
+        rid = hello.replica_id
+        if not rid or not hello.pool:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad hello: replica_id and pool are required")
+        try:
+            self._access.authorize(identity, rid, hello.endpoint)
+        except AuthError as e:
+            await self._refuse(context, e, rid)
         if not self._is_leader():
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"control plane {self._id} is standing by; stream to the leader")
+        self._stream_seq += 1
+        token = self._stream_seq
+        try:
+            superseded = self._claims.claim(rid, identity.name, token,
+                                            remembered=self._fleet.get(rid) is not None)
+        except AuthError as e:
+            await self._refuse(context, e, rid)
+        if superseded is not None:
+            log.warning("stream_superseded", replica_id=rid, identity=identity.name,
+                        reason="a newer stream of the same identity took over the replica id")
         try:
             self._fleet.on_hello(hello)
         except ValueError as e:
+            self._claims.release(rid, token)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad hello: {e}")
-        rid = hello.replica_id
-        self._stream_seq += 1
-        token = self._stream_seq
-        self._owner[rid] = token
         self._fleet.stream_opened(rid)
         if self._metrics:
             self._metrics.streams_open.inc()
         log.info("stream_opened", replica_id=rid, pool=hello.pool, endpoint=hello.endpoint,
-                 agent_version=hello.agent_version, peer=context.peer())
+                 identity=identity.name, agent_version=hello.agent_version, peer=context.peer())
         try:
             if self._presence is not None:
                 await self._presence.put(keys.replica(rid), codec.encode(self._presence_record(hello)))
             async for msg in request_iterator:
+                if not self._claims.holds(rid, token):
+                    await context.abort(grpc.StatusCode.ABORTED, "superseded by a newer stream for this "
+                                        "replica id from the same identity")
+                if self._access.revoked(presented):
+                    await self._refuse(context, UnauthenticatedError("this stream's token was revoked"), rid)
                 kind = msg.WhichOneof("msg")
                 if kind == "hello":
-                    # A changed identity on an open stream would orphan the old one's state.
+                    # A changed identity on an open stream would orphan the old one's state, and a
+                    # changed endpoint would move traffic without a new, checked registration.
                     if msg.hello.replica_id != rid:
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                             "a stream carries one replica; replica_id changed")
+                    if msg.hello.endpoint != hello.endpoint:
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                            "a stream keeps its endpoint; open a new stream to change it")
                     try:
                         self._fleet.on_hello(msg.hello)
                     except ValueError as e:
@@ -127,14 +178,28 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
             if self._metrics:
                 self._metrics.streams_open.dec()
             log.info("stream_closed", replica_id=rid)
-            if self._owner.get(rid) == token:
-                del self._owner[rid]
+            if self._claims.release(rid, token):
                 if self._presence is not None:
                     # The handler is usually being cancelled here (the agent went away); a
                     # separate task makes sure the delete is not cancelled with it.
                     task = asyncio.create_task(self._presence.delete(keys.replica(rid)))
                     self._cleanups.add(task)
                     task.add_done_callback(self._cleanups.discard)
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, e: AuthError, replica_id: str = "") -> NoReturn:
+        code = _refusal_code(e)
+        if self._metrics:
+            self._metrics.streams_refused.labels(code.name).inc()
+        now = time.monotonic()
+        since, suppressed = self._refusal_log.get(code, (-1e9, 0))
+        if now - since >= 1.0:
+            log.warning("stream_refused", code=code.name, reason=str(e), replica_id=replica_id,
+                        peer=context.peer(), suppressed=suppressed)
+            self._refusal_log[code] = (now, 0)
+        else:
+            self._refusal_log[code] = (since, suppressed + 1)
+        await context.abort(code, str(e))
+        raise AssertionError("unreachable")  # abort raises
 
     async def drain_cleanups(self) -> None:
         """Waits for pending presence deletes (called on shutdown)."""

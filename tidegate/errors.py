@@ -9,7 +9,11 @@
     │   └── PromptTooLargeError                                       -> HTTP 400 (context_length_exceeded)
     ├── NoCapacityError        no routable replica                    -> HTTP 503
     ├── AdmissionError         shed by admission                      -> HTTP 429 + Retry-After
-    └── UpstreamError          the engine failed before the first byte -> HTTP 502 / 504 on timeout
+    ├── UpstreamError          the engine failed before the first byte -> HTTP 502 / 504 on timeout
+    └── AuthError              a caller is refused (controlplane/telemetry_auth.py)
+        ├── UnauthenticatedError   no or unknown credential           -> gRPC UNAUTHENTICATED
+        └── PermissionDeniedError  known caller, not allowed this     -> gRPC PERMISSION_DENIED
+            └── ReplicaHeldError   another identity's stream holds the replica id -> gRPC ALREADY_EXISTS
 """
 
 from __future__ import annotations
@@ -63,3 +67,19 @@ class UpstreamError(TidegateError):
     def __init__(self, message: str, timeout: bool = False) -> None:
         super().__init__(message)
         self.timeout = timeout
+
+
+class AuthError(TidegateError):
+    """A caller is refused. Messages never contain the credential."""
+
+
+class UnauthenticatedError(AuthError):
+    """No credential, or one nobody issued."""
+
+
+class PermissionDeniedError(AuthError):
+    """The caller is known but may not do this."""
+
+
+class ReplicaHeldError(PermissionDeniedError):
+    """Another identity's open stream holds the replica id."""

@@ -106,11 +106,13 @@ class RecordingTelemetry(telemetry_pb2_grpc.TelemetryServicer):
     """Records every AgentMessage, acks every report, and can push directives."""
 
     messages: asyncio.Queue[telemetry_pb2.AgentMessage] = field(default_factory=asyncio.Queue)
+    authorizations: list[str] = field(default_factory=list)
     directive_after_first_report: telemetry_pb2.Directive | None = None
 
     async def Stream(  # noqa: N802 - gRPC method name
         self, request_iterator: AsyncIterator[telemetry_pb2.AgentMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[telemetry_pb2.ControlMessage]:
+        self.authorizations.extend(str(v) for k, v in context.invocation_metadata() or () if k == "authorization")
         async for msg in request_iterator:
             await self.messages.put(msg)
             if msg.WhichOneof("msg") == "report":
@@ -156,7 +158,7 @@ async def engine() -> AsyncIterator[FakeEngine]:
 
 @contextlib.asynccontextmanager
 async def running_agent(
-    targets: list[str], engine_url: str, interval_s: float = 0.05
+    targets: list[str], engine_url: str, interval_s: float = 0.05, token: str | None = None
 ) -> AsyncIterator[tuple[StreamClient, AgentMetrics]]:
     metrics = AgentMetrics()
     stop = asyncio.Event()
@@ -172,7 +174,7 @@ async def running_agent(
         )
         client = StreamClient(
             targets, hello, collector, report_interval_s=interval_s, rng=lambda: 0.5, metrics=metrics,
-            initial_backoff_s=0.05, max_backoff_s=0.2,
+            initial_backoff_s=0.05, max_backoff_s=0.2, token=token,
         )
         task = asyncio.create_task(client.run(stop))
         try:
@@ -230,6 +232,20 @@ async def test_hello_reports_and_reconnect_after_server_restart(engine: FakeEngi
             assert client.streams_opened >= 2
             assert metrics.stream_reconnects._value.get() >= 1
             assert client.last_ack is not None and client.last_ack.controlplane_id == "test-cp"
+    finally:
+        await server.stop(None)
+
+
+async def test_token_travels_as_bearer_metadata_only(engine: FakeEngine) -> None:
+    servicer = RecordingTelemetry()
+    server, port = await start_server(servicer)
+    try:
+        with capture_logs() as logs:
+            async with running_agent([f"127.0.0.1:{port}"], engine.url, token="s3cret-agent-token"):
+                hello = (await servicer.next()).hello
+                await servicer.next("report")
+        assert servicer.authorizations == ["Bearer s3cret-agent-token"]
+        assert "s3cret" not in str(hello) and "s3cret" not in repr(logs)
     finally:
         await server.stop(None)
 

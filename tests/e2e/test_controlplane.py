@@ -16,6 +16,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from controlplane.telemetry_auth import token_digest
 from tidegate import codec, keys
 from tidegate.store.etcd import EtcdStore
 from tidegate.v1 import admin_pb2, admin_pb2_grpc, records_pb2, telemetry_pb2, telemetry_pb2_grpc
@@ -28,11 +29,29 @@ OPERATOR_TOKEN = "op-secret-1"
 VIEWER_TOKEN = "view-secret-1"
 OPERATOR_MD = (("authorization", f"Bearer {OPERATOR_TOKEN}"),)
 VIEWER_MD = (("authorization", f"Bearer {VIEWER_TOKEN}"),)
+# Telemetry identities of every test control plane: `test-agents` may speak for any replica id
+# (FakeAgent's default); `node-a` and `node-b` only for ids starting a- and b- (security tests).
+AGENT_TOKEN = "agent-secret-1"
+NODE_A_TOKEN = "node-a-secret-1"
+NODE_B_TOKEN = "node-b-secret-1"
+
+
+def bearer(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),)
 
 
 def write_tokens(tmp: Path) -> Path:
     path = tmp / "tokens.csv"
     path.write_text(f"# token,name,role\n{OPERATOR_TOKEN},alice,operator\n{VIEWER_TOKEN},bob,viewer\n")
+    return path
+
+
+def write_credentials(tmp: Path) -> Path:
+    path = tmp / "telemetry-credentials.csv"
+    path.write_text("# identity,sha256,patterns\n"
+                    f"test-agents,{token_digest(AGENT_TOKEN)},*\n"
+                    f"node-a,{token_digest(NODE_A_TOKEN)},a-*\n"
+                    f"node-b,{token_digest(NODE_B_TOKEN)},b-*\n")
     return path
 
 
@@ -50,7 +69,8 @@ async def start_cp(etcd: str, cp_id: str, tmp: Path, *extra: str) -> ControlPlan
     with log.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
             TIDEGATE, "controlplane", "--etcd", etcd, "--listen", "127.0.0.1:0", "--id", cp_id,
-            "--tick-s", "0.2", "--log-json", "--auth-tokens-file", str(write_tokens(tmp)), *extra,
+            "--tick-s", "0.2", "--log-json", "--auth-tokens-file", str(write_tokens(tmp)),
+            "--telemetry-credentials-file", str(write_credentials(tmp)), *extra,
             stdout=asyncio.subprocess.PIPE, stderr=err, start_new_session=True)
     assert proc.stdout is not None
     try:
@@ -105,7 +125,7 @@ class FakeAgent:
     is refused or ends, moves on to the next address (like the real agent)."""
 
     def __init__(self, address: str | list[str], replica_id: str = "r1", pool: str = "m",
-                 interval_s: float = 0.2) -> None:
+                 interval_s: float = 0.2, token: str | None = AGENT_TOKEN) -> None:
         self.addresses = [address] if isinstance(address, str) else list(address)
         self.channels = [grpc.aio.insecure_channel(a) for a in self.addresses]
         self.refusals: list[grpc.StatusCode] = []
@@ -113,6 +133,7 @@ class FakeAgent:
         self.hello = telemetry_pb2.Hello(replica_id=replica_id, pool=pool, endpoint="http://127.0.0.1:9999",
                                          region="eu", zone="eu-1", protocol_version=1, engine_kind="test")
         self.interval_s = interval_s
+        self.metadata = bearer(token) if token else None
         self.sending = asyncio.Event()
         self.sending.set()
         self.acks: list[telemetry_pb2.Ack] = []
@@ -135,7 +156,7 @@ class FakeAgent:
         while not self._stop.is_set():
             stub = telemetry_pb2_grpc.TelemetryStub(self.channels[i % len(self.channels)])
             try:
-                async for msg in stub.Stream(self._messages()):
+                async for msg in stub.Stream(self._messages(), metadata=self.metadata):
                     if msg.WhichOneof("msg") == "ack":
                         self.acks.append(msg.ack)
                     elif msg.WhichOneof("msg") == "directive":
@@ -228,7 +249,7 @@ async def test_stream_must_start_with_a_supported_hello(cps: Any) -> None:
             yield telemetry_pb2.AgentMessage(report=telemetry_pb2.Report(seq=1))
 
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            async for _ in stub.Stream(first_report()):
+            async for _ in stub.Stream(first_report(), metadata=bearer(AGENT_TOKEN)):
                 pass
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "Hello" in (err.value.details() or "")
@@ -238,7 +259,7 @@ async def test_stream_must_start_with_a_supported_hello(cps: Any) -> None:
                                                                        protocol_version=2))
 
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            async for _ in stub.Stream(future_hello()):
+            async for _ in stub.Stream(future_hello(), metadata=bearer(AGENT_TOKEN)):
                 pass
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
@@ -276,12 +297,12 @@ async def test_standby_refuses_streams(cps: Any, store: EtcdStore) -> None:
         stub = telemetry_pb2_grpc.TelemetryStub(ch)
 
         async def hello() -> AsyncIterator[telemetry_pb2.AgentMessage]:
-            yield telemetry_pb2.AgentMessage(hello=telemetry_pb2.Hello(replica_id="x", pool="m",
-                                                                       protocol_version=1))
+            yield telemetry_pb2.AgentMessage(hello=telemetry_pb2.Hello(
+                replica_id="x", pool="m", endpoint="http://127.0.0.1:9999", protocol_version=1))
             await asyncio.sleep(5)
 
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            async for _ in stub.Stream(hello()):
+            async for _ in stub.Stream(hello(), metadata=bearer(AGENT_TOKEN)):
                 pass
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "standing by" in (err.value.details() or "")

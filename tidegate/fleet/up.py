@@ -9,6 +9,7 @@ process it started, in reverse order (no orphans, even when one crashed).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import secrets
@@ -81,6 +82,26 @@ def write_tokens(run_dir: Path) -> tuple[dict[str, str], Path]:
     return {"operator": str(run_dir / "operator.token"), "viewer": str(run_dir / "viewer.token")}, csv
 
 
+def write_agent_credentials(run_dir: Path, replica_ids: list[str]) -> tuple[dict[str, str], Path]:
+    """A fresh telemetry token per agent, each bound to its one replica id: `agent-tokens/<id>.token`
+    (mode 0600, in a 0700 directory) and the control planes' `telemetry-credentials.csv`, which holds
+    only the tokens' SHA-256. Returns ({replica id: token path}, credentials file)."""
+    folder = run_dir / "agent-tokens"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    folder.chmod(0o700)
+    paths: dict[str, str] = {}
+    lines = ["# identity,sha256,replica-id patterns (written by `tidegate up`)"]
+    for rid in replica_ids:
+        token = secrets.token_urlsafe(32)
+        path = folder / f"{rid}.token"
+        _write_secret(path, token + "\n")
+        paths[rid] = str(path)
+        lines.append(f"agent-{rid},{hashlib.sha256(token.encode()).hexdigest()},{rid}")
+    creds = run_dir / "telemetry-credentials.csv"
+    _write_secret(creds, "\n".join(lines) + "\n")
+    return paths, creds
+
+
 class Fleet:
     """Starts and stops the processes of a local fleet. Synchronous on purpose: it only
     supervises; the children do the work."""
@@ -123,7 +144,10 @@ class Fleet:
         etcd = ",".join(self.etcd_endpoints)
 
         tokens, tokens_file = write_tokens(self.run_dir)
-        auth = ["--auth-tokens-file", str(tokens_file)]
+        rids = [f"replica-{i}" for i in range(cfg.replicas)]
+        agent_tokens, credentials = write_agent_credentials(self.run_dir, rids)
+        auth = ["--auth-tokens-file", str(tokens_file), "--telemetry-credentials-file", str(credentials),
+                "--telemetry-allowed-networks", "127.0.0.0/8"]
         gpu = ["--gpu-source", "sim"] if cfg.simulated_gpu else []
 
         cps = []
@@ -141,12 +165,13 @@ class Fleet:
         replicas = []
         for i, sim in enumerate(sims):
             url = f"http://127.0.0.1:{sim.wait_port()}"
-            rid = f"replica-{i}"
+            rid = rids[i]
             agent = self._child(
                 f"agent-{i}", "agent", "--engine-url", url, "--replica-id", rid, "--model", cfg.model,
                 "--region", cfg.region, "--zone", f"{cfg.region}-{'abc'[i % 3]}",
                 "--controlplane", ",".join(cp_addrs), "--report-interval-s", str(cfg.report_interval_s),
-                "--engine-kind", "tidegate-sim", *gpu, *self._common())
+                "--engine-kind", "tidegate-sim", "--telemetry-token-file", agent_tokens[rid], *gpu,
+                *self._common())
             replicas.append({"id": rid, "model": cfg.model, "engine_url": url,
                              "sim_pid": sim.pid, "agent_pid": agent.pid})
 
@@ -169,6 +194,7 @@ class Fleet:
             "pids": {c.name: c.pid for c in self.children},
             "started_at": time.time(),
             "tokens": tokens,
+            "telemetry_credentials": str(credentials),
             "simulated_gpu": cfg.simulated_gpu,
         }
         if self.etcd is not None:
