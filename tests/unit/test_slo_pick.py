@@ -1,0 +1,328 @@
+"""Table-driven and property tests of the `tidegate` pick: its predictions (predict.py), its
+affinity pieces (affinity.py) and its decisions (slo_pick.py)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidegate.policy.affinity import PrefixBlocks, PrefixIndex, home_order
+from tidegate.policy.predict import DEFAULT_RATES, Rates, ReplicaLoad, pool_rates, predict
+from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets
+from tidegate.policy.slo_pick import TidegatePolicy
+
+CAP = 400_000
+# An 8B model on one H100, roughly: 45k prefill tokens/s, 8 ms + 0.15 ms per sequence per step.
+FAST = dict(prefill_tokens_per_s=45_000.0, decode_step_base_ms=8.0, decode_step_per_seq_ms=0.15)
+
+
+def e(rid: str, w: float = 50.0, *, running: int = 0, waiting: int = 0, free: int = CAP, cap: int = CAP,
+      rates: dict | None = None) -> RouteInfo:
+    return RouteInfo(replica_id=rid, weight=w, running=running, waiting=waiting, kv_free_tokens=free,
+                     kv_capacity_tokens=cap, endpoint=f"http://{rid}", **(rates if rates is not None else FAST))
+
+
+def req(prompt: int = 500, out: int | None = 100, hashes: tuple = (), rid: str = "") -> RequestFeatures:
+    return RequestFeatures(prompt_tokens=prompt, max_tokens=out, prefix_hashes=hashes, req_id=rid)
+
+
+def load(queued=0.0, decoding=0.0, kv_used=0.0, cap=float(CAP), fragility=0.0) -> ReplicaLoad:
+    return ReplicaLoad(queued, decoding, kv_used, cap, fragility)
+
+
+RATES = Rates(prefill_tps=40_000.0, step_base_s=0.010, step_per_seq_s=0.0005)
+
+
+# ---------------------------------------------------------------------------- predictions
+
+
+@pytest.mark.parametrize(
+    ("ld", "prompt", "cached", "ttft"),
+    [
+        pytest.param(load(), 4000, 0, 4000 / 40_000 + 0.010, id="idle: own prefill + one step"),
+        pytest.param(load(queued=36_000), 4000, 0, 1.0 + 5 * 0.010, id="queued prefill ahead, 5 chunks"),
+        pytest.param(load(decoding=20), 4000, 0, 0.1 + 0.020, id="decode batch slows the step"),
+        pytest.param(load(), 4000, 3000, 1000 / 40_000 + 0.010, id="cached prefix is not computed"),
+        pytest.param(load(), 4000, 4000, 1 / 40_000 + 0.010, id="a full hit still computes one token"),
+    ],
+)
+def test_predicted_ttft(ld, prompt, cached, ttft):
+    p = predict("r", ld, RATES, prompt, cached, 100, 50, 2.0, 0.1)
+    assert p.ttft_s == pytest.approx(ttft)
+    assert p.kv_wait_s == 0
+
+
+def test_kv_shortfall_adds_a_wait_and_unknown_capacity_does_not():
+    full = predict("r", load(kv_used=CAP - 1000, decoding=10), RATES, 4000, 0, 100, 50, 2.0, 0.1)
+    assert full.kv_wait_s > 0 and full.ttft_s > full.kv_wait_s
+    unknown = predict("r", load(kv_used=CAP - 1000, cap=0.0, decoding=10), RATES, 4000, 0, 100, 50, 2.0, 0.1)
+    assert unknown.kv_wait_s == 0
+
+
+def test_tpot_grows_with_batch_and_queued_prefill():
+    base = predict("r", load(), RATES, 500, 0, 100, 50, 2.0, 0.1).tpot_s
+    assert base == pytest.approx(RATES.step_s(1) + 500 / 40_000 / 50)
+    assert predict("r", load(decoding=100), RATES, 500, 0, 100, 50, 2.0, 0.1).tpot_s > base
+    assert predict("r", load(queued=80_000), RATES, 500, 0, 100, 50, 2.0, 0.1).tpot_s > base
+
+
+def test_cost_counts_own_ttft_and_the_stall_on_fragile_decoders():
+    alone = predict("r", load(), RATES, 8000, 0, 100, 50, 2.0, 0.1)
+    assert alone.stall_tpot_s == 0 and alone.cost == pytest.approx(alone.ttft_s / 2.0)
+    # Four 5-token answers decoding there: each gains 0.2 s / 4 of TPOT from this 8k prefill.
+    crowd = predict("r", load(fragility=4 * (1 / 4)), RATES, 8000, 0, 100, 50, 2.0, 0.1)
+    assert crowd.stall_tpot_s == pytest.approx(8000 / 40_000 * 1.0)
+    assert crowd.cost == pytest.approx(crowd.ttft_s / 2.0 + crowd.stall_tpot_s / 0.1)
+
+
+def test_unknown_rates_take_the_pool_median_then_the_default():
+    entries = [e("a", rates=dict(prefill_tokens_per_s=30_000.0, decode_step_base_ms=0.0, decode_step_per_seq_ms=0.0)),
+               e("b", rates=dict(prefill_tokens_per_s=50_000.0, decode_step_base_ms=0.0, decode_step_per_seq_ms=0.0)),
+               e("c", rates={})]
+    r = pool_rates(entries)
+    assert r["a"].prefill_tps == 30_000 and r["b"].prefill_tps == 50_000 and r["c"].prefill_tps == 40_000
+    assert r["c"].step_base_s == DEFAULT_RATES.step_base_s
+    nan = e("d", rates=dict(prefill_tokens_per_s=math.nan, decode_step_base_ms=-1.0, decode_step_per_seq_ms=math.inf))
+    assert pool_rates([nan])["d"] == DEFAULT_RATES
+
+
+# ---------------------------------------------------------------------------- affinity pieces
+
+
+def test_home_is_the_same_for_every_router_and_any_entry_order():
+    blocks = PrefixBlocks((11, 12, 13, 14), 2048)
+    ids = [f"replica-{i:02d}" for i in range(16)]
+    order = home_order(ids, blocks)
+    assert home_order(list(reversed(ids)), blocks) == order
+    assert PrefixIndex().rank(order[0], blocks.home_key) > PrefixIndex().rank(order[1], blocks.home_key)
+    # Different prefixes spread over the replicas.
+    homes = {home_order(ids, PrefixBlocks((k, k + 1), 1024))[0] for k in range(0, 400, 2)}
+    assert len(homes) >= 12
+
+
+def test_index_counts_leading_blocks_and_forgets_beyond_capacity():
+    idx = PrefixIndex()
+    a = PrefixBlocks((1, 2, 3, 4), 2048)          # 512 tokens per block
+    idx.learn("r", a, capacity_tokens=4096)
+    assert idx.cached_tokens("r", PrefixBlocks((1, 2, 9, 9), 2048)) == 1024
+    assert idx.cached_tokens("r", PrefixBlocks((9, 2, 3, 4), 2048)) == 0   # chained: a different start
+    assert idx.cached_tokens("other", a) == 0
+    idx.learn("r", PrefixBlocks((5, 6, 7, 8, 10, 11), 3072), capacity_tokens=4096)  # evicts a's blocks
+    assert idx.cached_tokens("r", a) == 0
+
+
+# ---------------------------------------------------------------------------- decisions
+
+
+def dispatch(pol: TidegatePolicy, snap: PoolSnapshot, r: RequestFeatures, first_token: bool = False) -> str:
+    p = pol.pick(snap, r, random.Random(0))
+    assert p is not None
+    pol.on_dispatch(r, p.replica_id)
+    if first_token:
+        pol.on_first_token(r, p.replica_id)
+    return p.replica_id
+
+
+def test_long_prefill_queued_on_a_sends_a_short_chat_to_b():
+    pol = TidegatePolicy()
+    snap = PoolSnapshot((e("a"), e("b")))
+    pol.on_dispatch(req(50_000, rid="doc"), "a")                  # still prefilling on a
+    pol.on_dispatch(req(300, rid="chat0"), "b")
+    pol.on_first_token(req(300, rid="chat0"), "b")                # decoding on b
+    assert pol.pick(snap, req(200, rid="chat"), random.Random(0)).replica_id == "b"
+
+
+def test_first_token_moves_work_from_the_prefill_queue():
+    pol = TidegatePolicy()
+    snap = PoolSnapshot((e("a"), e("b")))
+    doc = req(50_000, out=2000, rid="doc")
+    pol.on_dispatch(doc, "a")
+    before = {p.replica_id: p for p in pol.predictions(snap, req(200))}
+    pol.on_first_token(doc, "a")
+    after = {p.replica_id: p for p in pol.predictions(snap, req(200))}
+    assert after["a"].ttft_s < before["a"].ttft_s
+    pol.on_complete(doc, "a")
+    done = {p.replica_id: p for p in pol.predictions(snap, req(200))}
+    assert done["a"].ttft_s == pytest.approx(done["b"].ttft_s)
+
+
+def test_cached_prefix_on_an_idle_replica_beats_a_cold_one():
+    pol = TidegatePolicy()
+    snap = PoolSnapshot((e("a"), e("b"), e("c")))
+    doc = tuple(range(40))                                         # 40 blocks of 512 tokens
+    first = dispatch(pol, snap, req(20_480, hashes=doc, rid="d0"), first_token=True)
+    pol.on_complete(req(20_480, hashes=doc, rid="d0"), first)
+    for i in range(5):
+        follow = req(21_000, hashes=doc + (1000 + i,), rid=f"d{i + 1}")
+        assert pol.pick(snap, follow, random.Random(i)).replica_id == first
+
+
+def test_the_same_prefix_loses_on_an_overloaded_replica():
+    pol = TidegatePolicy()
+    snap = PoolSnapshot((e("a"), e("b")))
+    doc = tuple(range(8))                                          # 8 blocks of 512 tokens
+    home = dispatch(pol, snap, req(4096, hashes=doc, rid="d0"))
+    other = "b" if home == "a" else "a"
+    for i in range(12):                                            # 12 long prefills queue there
+        pol.on_dispatch(req(30_000, rid=f"big{i}"), home)
+    p = pol.pick(snap, req(4200, hashes=doc + (99,), rid="d1"), random.Random(0))
+    assert p.replica_id == other
+
+
+def test_bounded_load_spreads_a_hot_prefix():
+    pol = TidegatePolicy()
+    ids = [f"r{i}" for i in range(8)]
+    snap = PoolSnapshot(tuple(e(r) for r in ids))
+    system = tuple(range(4))                                       # a shared system prompt
+    chosen = [dispatch(pol, snap, req(2048 + 512, hashes=system + (100 + i,), rid=f"q{i}")) for i in range(64)]
+    counts = {r: chosen.count(r) for r in ids}
+    assert max(counts.values()) < 64 / 2                           # no replica melts
+    assert sum(1 for c in counts.values() if c) >= 4
+
+
+def test_without_rates_the_least_loaded_in_tokens_wins():
+    pol = TidegatePolicy()
+    zero = dict(prefill_tokens_per_s=0.0, decode_step_base_ms=0.0, decode_step_per_seq_ms=0.0)
+    snap = PoolSnapshot((e("a", rates=zero), e("b", rates=zero), e("c", rates=zero)))
+    pol.on_dispatch(req(10_000, rid="x"), "a")
+    pol.on_dispatch(req(3_000, rid="y"), "b")
+    pol.on_dispatch(req(1_000, rid="z"), "c")
+    assert pol.pick(snap, req(500, rid="n"), random.Random(0)).replica_id == "c"
+
+
+def test_fragile_decoders_are_spared_a_long_prefill():
+    pol = TidegatePolicy()
+    snap = PoolSnapshot((e("a"), e("b")))
+    for i in range(6):                                             # 3-token answers decoding on a
+        r = req(200, out=3, rid=f"short{i}")
+        pol.on_dispatch(r, "a")
+        pol.on_first_token(r, "a")
+    for i in range(6):                                             # long answers decoding on b
+        r = req(200, out=1000, rid=f"long{i}")
+        pol.on_dispatch(r, "b")
+        pol.on_first_token(r, "b")
+    assert pol.pick(snap, req(16_000, out=500, rid="doc"), random.Random(0)).replica_id == "b"
+
+
+def test_the_other_routers_share_of_the_table_counts():
+    pol = TidegatePolicy()
+    # This router has nothing in flight; the table shows another router's queue on a.
+    snap = PoolSnapshot((e("a", waiting=30, running=40), e("b")))
+    pol.on_dispatch(req(2000, rid="seed"), "b")
+    pol.on_complete(req(2000, rid="seed"), "b")
+    assert pol.pick(snap, req(2000, rid="n"), random.Random(0)).replica_id == "b"
+
+
+def test_tpot_misfit_is_avoided_and_all_misfit_falls_back():
+    pol = TidegatePolicy(slo=SloTargets(ttft_s=2.0, tpot_s=0.02))
+    slow = dict(prefill_tokens_per_s=45_000.0, decode_step_base_ms=25.0, decode_step_per_seq_ms=0.1)
+    p = pol.pick(PoolSnapshot((e("a", rates=slow), e("b"))), req(), random.Random(0))
+    assert p.replica_id == "b" and p.reason == "slo_fit"
+    p = pol.pick(PoolSnapshot((e("a", rates=slow), e("b", rates=slow))), req(), random.Random(0))
+    assert p is not None and p.reason == "no_tpot_fit"
+
+
+def test_snapshot_slo_overrides_the_policy_default():
+    pol = TidegatePolicy(slo=SloTargets(ttft_s=2.0, tpot_s=0.02))
+    slow = dict(prefill_tokens_per_s=45_000.0, decode_step_base_ms=25.0, decode_step_per_seq_ms=0.1)
+    snap = PoolSnapshot((e("a", rates=slow), e("b", rates=slow)), slo=SloTargets(ttft_s=2.0, tpot_s=0.1))
+    assert pol.pick(snap, req(), random.Random(0)).reason == "slo_fit"
+
+
+@pytest.mark.parametrize(
+    ("entries", "exclude", "expected"),
+    [
+        pytest.param((), frozenset(), None, id="empty"),
+        pytest.param((e("a", 0), e("b", math.nan)), frozenset(), None, id="none-routable"),
+        pytest.param((e("a"), e("b")), frozenset({"a", "b"}), None, id="all-excluded"),
+        pytest.param((e("a"), e("b")), frozenset({"a"}), "b", id="one-left"),
+        pytest.param((e("a", 0), e("b", -1), e("c")), frozenset(), "c", id="only-routable"),
+    ],
+)
+def test_edge_cases(entries, exclude, expected):
+    p = TidegatePolicy().pick(PoolSnapshot(entries, {}, exclude), req(hashes=(1, 2)), random.Random(0))
+    assert (p.replica_id if p else None) == expected
+
+
+def test_hooks_for_unknown_requests_are_ignored():
+    pol = TidegatePolicy()
+    pol.on_first_token(req(rid="ghost"), "a")
+    pol.on_complete(req(rid="ghost"), "a")
+    pol.on_dispatch(req(rid="x"), "a")
+    pol.on_complete(req(rid="x"), "a")
+    pol.on_complete(req(rid="x"), "a")     # twice: no negative counts
+    assert pol.predictions(PoolSnapshot((e("a"),)), req())[0].ttft_s > 0
+
+
+# ---------------------------------------------------------------------------- properties
+
+IDS = ["r0", "r1", "r2", "r3", "r4"]
+rates_st = st.fixed_dictionaries({
+    "prefill_tokens_per_s": st.one_of(st.just(0.0), st.floats(1_000, 100_000)),
+    "decode_step_base_ms": st.one_of(st.just(0.0), st.floats(1, 50)),
+    "decode_step_per_seq_ms": st.one_of(st.just(0.0), st.floats(0.01, 2)),
+})
+entry_st = st.builds(
+    lambda rid, w, running, waiting, free, cap, rates: e(rid, w, running=running, waiting=waiting, free=free,
+                                                         cap=cap, rates=rates),
+    st.sampled_from(IDS),
+    st.one_of(st.floats(0, 100), st.just(math.nan), st.just(-1.0)),
+    st.integers(0, 300), st.integers(0, 300), st.integers(0, CAP), st.integers(0, CAP), rates_st,
+)
+history_st = st.lists(st.tuples(st.integers(1, 60_000), st.lists(st.integers(0, 4), max_size=8),
+                                st.booleans(), st.booleans()), max_size=12)
+
+
+def replay(entries, history) -> TidegatePolicy:
+    """A policy instance after a router-local history: dispatches, some first tokens, some completions."""
+    pol = TidegatePolicy()
+    snap = PoolSnapshot(tuple(entries))
+    for i, (prompt, hashes, started, done) in enumerate(history):
+        r = req(prompt, hashes=tuple(hashes), rid=f"h{i}")
+        p = pol.pick(snap, r, random.Random(i))
+        if p is None:
+            continue
+        pol.on_dispatch(r, p.replica_id)
+        if started:
+            pol.on_first_token(r, p.replica_id)
+        if done:
+            pol.on_complete(r, p.replica_id)
+    return pol
+
+
+@settings(max_examples=150, deadline=None)
+@given(entries=st.lists(entry_st, max_size=5, unique_by=lambda x: x.replica_id),
+       exclude=st.frozensets(st.sampled_from(IDS)), history=history_st,
+       prompt=st.integers(1, 100_000), hashes=st.lists(st.integers(0, 4), max_size=8), seed=st.integers(0, 2**32 - 1))
+def test_property_routable_deterministic_and_order_free(entries, exclude, history, prompt, hashes, seed):
+    routable = {x.replica_id for x in entries if math.isfinite(x.weight) and x.weight > 0} - exclude
+    r = req(prompt, hashes=tuple(hashes), rid="new")
+    a = replay(entries, history).pick(PoolSnapshot(tuple(entries), {}, exclude), r, random.Random(seed))
+    b = replay(entries, history).pick(PoolSnapshot(tuple(entries), {}, exclude), r, random.Random(seed))
+    shuffled = list(entries)
+    random.Random(seed).shuffle(shuffled)
+    c = replay(shuffled, history).pick(PoolSnapshot(tuple(shuffled), {}, exclude), r, random.Random(seed))
+    assert a == b
+    assert (a.replica_id if a else None) == (c.replica_id if c else None)
+    if a is None:
+        assert not routable
+    else:
+        assert a.replica_id in routable and math.isfinite(a.effective_weight)
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(2, 20), hashes=st.lists(st.integers(0, 10**9), min_size=1, max_size=64),
+       prompt=st.integers(1, 60_000))
+def test_property_every_router_picks_the_same_home(n, hashes, prompt):
+    ids = [f"replica-{i}" for i in range(n)]
+    entries = tuple(e(r) for r in ids)
+    r = req(prompt, hashes=tuple(hashes))
+    # Fresh routers (no history): the same prefix goes to the same replica, whatever the entry order.
+    picks = {TidegatePolicy().pick(PoolSnapshot(tuple(entries[::step])), r, random.Random(k)).replica_id
+             for k, step in enumerate((1, -1))}
+    assert len(picks) == 1
+    assert picks == {home_order(ids, PrefixBlocks(tuple(hashes), prompt))[0]}
