@@ -12,6 +12,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router.metrics import RouterMetrics
+from router.openapi import spec as openapi_spec
 from router.parse import CHAT_PATH, COMPLETIONS_PATH, error_body
 from router.proxy import Proxy, json_error
 from router.ratelog import LogRateLimiter
@@ -68,6 +69,7 @@ def build_app(proxy: Proxy, tables: RoutingTables, metrics: RouterMetrics, route
 
     async def health(_: web.Request) -> web.Response:
         synced = tables.synced.is_set()
+        suspect = tables.suspect()  # pools routed on their last known set (panic threshold)
         body = {
             "status": "ok" if synced else "unsynced",
             "router_id": router_id,
@@ -75,6 +77,7 @@ def build_app(proxy: Proxy, tables: RoutingTables, metrics: RouterMetrics, route
             "etcd_healthy": tables.etcd_healthy,
             "pools": {pool: {"generation": t.generation, "replicas": len(t.entries),
                              "routable": sum(1 for e in t.entries if routable(e.weight)),
+                             "suspect": pool in suspect,
                              "slo": {"ttft_s": t.slo.ttft_s, "tpot_s": t.slo.tpot_s} if t.slo else None}
                       for pool, t in sorted(tables.pools().items())},
         }
@@ -91,6 +94,12 @@ def build_app(proxy: Proxy, tables: RoutingTables, metrics: RouterMetrics, route
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", prom)
+    openapi_doc = json.dumps(openapi_spec())
+
+    async def openapi(_: web.Request) -> web.Response:
+        return web.Response(text=openapi_doc, content_type="application/json")
+
+    app.router.add_get("/openapi.json", openapi)
     return app
 
 
