@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import time
@@ -47,7 +48,7 @@ from pydantic import Field, field_validator
 
 from fleetsim import capacity as saturation
 from fleetsim import results, workload
-from fleetsim.sim import ROUTER_SPREADS, SimConfig, Simulation
+from fleetsim.sim import ROUTER_SPREADS, SimConfig, Simulation, servable
 from simulator.profiles import Profile, ProfileError, get_profile
 from tidegate import logs
 from tidegate.config import ConfigBase, ConfigError, add_flags, load
@@ -302,6 +303,14 @@ def _search(args: tuple) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     so this saves about two runs per search; a larger move only costs more bracketing steps)."""
     profiles, policy, base, cap, sim_cfgs, seed, slo, target = args
     native = workload.native_rate(base)
+    judged = sum(1 for r in base if servable(profiles, r.prompt_tokens, r.output_tokens))
+
+    def stopping(sim_cfg: SimConfig) -> SimConfig:
+        # A run stops once more than (1 - target) of the servable requests are known to miss:
+        # the rate fails whatever the rest do. Passing runs always run to the end.
+        return dataclasses.replace(sim_cfg, stop_after_misses=math.floor(judged * (1 - target) + 1e-9),
+                                   stop_slo=slo)
+
     out = []
     start, grow = 1.0, 1.3
     for sim_cfg in sim_cfgs:
@@ -309,7 +318,7 @@ def _search(args: tuple) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
 
         def measure(x: float, sim_cfg: SimConfig = sim_cfg, runs: list = runs) -> float:
             reqs = workload.scale_arrivals(base, x * cap / native)
-            summary = simulate_once(profiles, policy, reqs, sim_cfg, seed, load=round(x, 4), slo=slo)[0]
+            summary = simulate_once(profiles, policy, reqs, stopping(sim_cfg), seed, load=round(x, 4), slo=slo)[0]
             runs.append(summary)
             return summary["slo_attainment"]
 

@@ -75,6 +75,8 @@ def summarize(result: SimResult, *, policy: str, load: float | None, slo_ttft_s:
         "rejected_by_reason": dict(sorted(rejected.items())),
         "preemptions": sum(rep.preemptions for rep in result.replicas),
         "prefix_hit_rate": round(sum(r.cached_tokens for r in served) / prompt, 4) if prompt else 0.0,
+        # Cut short by the capacity search once it was sure to miss: attainment is then a lower bound.
+        "stopped_early": result.stopped_early,
         "replicas": [
             {"id": rep.replica_id, "profile": rep.profile,
              "utilisation": round(min(1.0, rep.busy_s / run_s), 4) if run_s > 0 else 0.0,

@@ -83,6 +83,10 @@ class SimConfig:
     scrape_interval_s: float | None = None
     routers: int = 1
     router_spread: str = "rr"           # rr | hash (see the module doc)
+    # Stop as soon as more than `stop_after_misses` requests are known to miss the SLOs
+    # (stop_slo = (ttft_s, tpot_s)): the SLO-capacity search only needs to know that a rate fails.
+    stop_after_misses: int | None = None
+    stop_slo: tuple[float, float] = (math.inf, math.inf)
     slo: SloTargets | None = None       # given to the policies in every PoolSnapshot (None: their default)
 
     def __post_init__(self) -> None:
@@ -145,6 +149,7 @@ class SimResult:
     deliveries: list[TableDelivery]
     samples: dict[str, list[tuple[float, int, int, float]]]
     engine_fast_path: bool
+    stopped_early: bool = False         # stop_after_misses was exceeded; unfinished requests were cut
 
 
 VIRTUAL_EPOCH = 1_700_000_000.0  # unix seconds at virtual time 0, for FleetState's wall clock
@@ -254,6 +259,7 @@ class Simulation:
         self.deliveries: list[TableDelivery] = []
         self.samples: dict[str, list[tuple[float, int, int, float]]] = {r.replica_id: [] for r in self.replicas}
         self._outstanding = 0
+        self._misses = 0
 
     def _push(self, t: float, kind: int, payload: object) -> None:
         self._seq += 1
@@ -268,8 +274,13 @@ class Simulation:
         last_arrival = reqs[-1].arrival_s if reqs else self.now
         deadline = last_arrival + self.cfg.max_drain_s
         heap = self._heap
+        budget = self.cfg.stop_after_misses
+        stopped = False
         while True:
             if ai >= n and self._outstanding == 0:
+                break
+            if budget is not None and self._misses > budget:
+                stopped = True
                 break
             t_next = heap[0][0]
             if ai < n and reqs[ai].arrival_s < t_next:
@@ -306,6 +317,7 @@ class Simulation:
             deliveries=self.deliveries,
             samples=self.samples,
             engine_fast_path=all(r.native_advance for r in self.replicas),
+            stopped_early=stopped,
         )
 
     def _advance(self, t: float) -> None:
@@ -330,6 +342,8 @@ class Simulation:
         if kind == "first_token":
             if rec.first_token_s is None:
                 rec.first_token_s = t_s
+                if t_s - rec.req.arrival_s > self.cfg.stop_slo[0]:
+                    self._misses += 1
                 self._by_id[rep.replica_id][1].observe_ttft(engine_t - engine_arrival)
                 notify(self.routers[rec.router].policy, "on_first_token", self._features[req_id], rep.replica_id)
         elif kind == "finished":
@@ -338,6 +352,12 @@ class Simulation:
             rec.finish_s = t_s
             if rec.first_token_s is None:
                 rec.first_token_s = t_s
+                if t_s - rec.req.arrival_s > self.cfg.stop_slo[0]:
+                    self._misses += 1
+            elif rec.first_token_s - rec.req.arrival_s <= self.cfg.stop_slo[0]:
+                tpot = rec.tpot_s
+                if tpot is not None and tpot > self.cfg.stop_slo[1]:
+                    self._misses += 1
             res = rep.engine.pop_result(req_id)
             if res is not None:
                 rec.cached_tokens = res.cached_tokens
@@ -375,6 +395,7 @@ class Simulation:
         choice = router.policy.pick(snap, features, router.rng)
         if choice is None:
             rec.rejected = "no_replica"
+            self._misses += 1
             return
         rep = self._by_id[choice.replica_id][0]
         try:
@@ -382,6 +403,7 @@ class Simulation:
                        req.prefix_hashes, req.hash_block_tokens)
         except RequestError as exc:
             rec.rejected = "too_large" if "larger" in str(exc) or "context length" in str(exc) else "invalid"
+            self._misses += 1
             return
         rec.replica = rep.replica_id
         self.inflight[rep.replica_id] += 1

@@ -188,3 +188,28 @@ def test_prefix_hit_rate_counts_cached_prompt_tokens():
     s0 = results.summarize(Simulation([H100], registry.create("least_request"), cold).run(), policy="x", load=None,
                            slo_ttft_s=10.0, slo_tpot_s=1.0)
     assert s0["prefix_hit_rate"] == 0.0
+
+
+def test_a_run_stops_once_it_is_sure_to_miss_the_target():
+    reqs = [workload.SimRequest(i, i * 0.005, 3000, 300) for i in range(400)]  # far past one TINY replica
+    full = Simulation([TINY], registry.create("least_request"), reqs).run()
+    s_full = results.summarize(full, policy="x", load=None, slo_ttft_s=1.0, slo_tpot_s=0.1)
+    assert s_full["slo_attainment"] < 0.95 and not full.stopped_early
+    budget = int(400 * 0.05)
+    cut = Simulation([TINY], registry.create("least_request"), reqs,
+                     SimConfig(stop_after_misses=budget, stop_slo=(1.0, 0.1))).run()
+    s_cut = results.summarize(cut, policy="x", load=None, slo_ttft_s=1.0, slo_tpot_s=0.1)
+    assert cut.stopped_early and s_cut["stopped_early"]
+    assert cut.end_s < full.end_s
+    assert s_cut["slo_attainment"] < 0.95
+    assert sum(1 for r in cut.records if r.rejected == "unfinished") > 0
+
+
+def test_a_passing_run_is_not_cut():
+    reqs = [workload.SimRequest(i, i * 0.2, 300, 20) for i in range(50)]
+    plain = Simulation([H100], registry.create("least_request"), reqs).run()
+    guarded = Simulation([H100], registry.create("least_request"), reqs,
+                         SimConfig(stop_after_misses=2, stop_slo=(2.0, 0.1))).run()
+    assert not guarded.stopped_early
+    assert [(r.first_token_s, r.finish_s) for r in guarded.records] == [(r.first_token_s, r.finish_s)
+                                                                         for r in plain.records]
