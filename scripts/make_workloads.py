@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Write held-out workloads for `tidegate simulate --trace` (generic JSONL, one request a line:
+arrival_s, prompt_tokens, output_tokens[, prefix_hashes]; one prefix hash per 16 prompt tokens).
+
+    scripts/make_workloads.py longshort OUT.jsonl [--requests N] [--seed S]
+    scripts/make_workloads.py multiturn OUT.jsonl [--requests N] [--seed S]
+
+- longshort: 90% chat (prompt lognormal, mean ~700 tokens; output lognormal, mean ~250) and 10%
+  documents (prompt uniform 16k-60k tokens, output lognormal mean ~300), Poisson arrivals at
+  10 req/s (`--load` rescales). Unique prompts: no prefix hashes.
+- multiturn: conversations of 2-12 turns on 8 applications, each with its own system prompt
+  (300-3000 tokens); turn k's prompt is the previous turn's prompt + its answer + a new user
+  message, so every turn extends the last one's prefix. Conversations start as a Poisson process
+  at 1/s; a user thinks 5-60 s between turns (the arrival process is rescaled by `--load`).
+
+Seeded: the same arguments write the same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+from pathlib import Path
+
+BLOCK = 16
+
+
+def _lognormal(rng: random.Random, mean: float, sigma: float, lo: int, hi: int) -> int:
+    mu = math.log(mean) - sigma ** 2 / 2
+    return max(lo, min(hi, int(round(rng.lognormvariate(mu, sigma)))))
+
+
+def longshort(n: int, seed: int) -> list[dict]:
+    rng = random.Random(f"longshort/{seed}")
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(10.0)
+        if rng.random() < 0.1:
+            p, o = rng.randint(16_000, 60_000), _lognormal(rng, 300, 0.8, 16, 2000)
+        else:
+            p, o = _lognormal(rng, 700, 1.0, 16, 8000), _lognormal(rng, 250, 1.0, 4, 2000)
+        out.append({"arrival_s": round(t, 6), "prompt_tokens": p, "output_tokens": o})
+    return out
+
+
+def multiturn(n: int, seed: int) -> list[dict]:
+    rng = random.Random(f"multiturn/{seed}")
+    apps = [(i * 10**9, rng.randint(300, 3000)) for i in range(8)]     # (hash namespace, system tokens)
+    rows: list[dict] = []
+    conv = 0
+    start = 0.0
+    while len(rows) < n:
+        start += rng.expovariate(1.0)
+        conv += 1
+        base, system = apps[rng.randrange(len(apps))]
+        hashes = [base + i for i in range(system // BLOCK)]          # the app's shared system prompt
+        tokens = system
+        fresh = (conv << 20)                                          # ids private to this conversation
+        t = start
+        for _turn in range(rng.randint(2, 12)):
+            user = _lognormal(rng, 200, 0.8, 8, 4000)
+            tokens += user
+            while len(hashes) < tokens // BLOCK:
+                fresh += 1
+                hashes.append(fresh)
+            answer = _lognormal(rng, 250, 0.9, 4, 2000)
+            rows.append({"arrival_s": round(t, 6), "prompt_tokens": tokens, "output_tokens": answer,
+                         "prefix_hashes": list(hashes)})
+            tokens += answer                                          # the answer joins the context
+            t += rng.uniform(5.0, 60.0)
+            if tokens > 100_000:
+                break
+    rows.sort(key=lambda r: r["arrival_s"])
+    return rows[:n]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("kind", choices=["longshort", "multiturn"], help="Which workload to write.")
+    ap.add_argument("out", type=Path, help="Output JSONL file.")
+    ap.add_argument("--requests", type=int, default=4000, help="Number of requests (default 4000).")
+    ap.add_argument("--seed", type=int, default=0, help="Seed of every random choice (default 0).")
+    args = ap.parse_args()
+    rows = (longshort if args.kind == "longshort" else multiturn)(args.requests, args.seed)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+    print(f"wrote {len(rows)} requests to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
