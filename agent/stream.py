@@ -2,8 +2,11 @@
 
 One long-lived bidirectional stream: Hello first, then one Report per interval; Acks and
 Directives are read concurrently. On any failure (connect refused, stream cut, keepalive
-timeout, KIND_RECONNECT_ELSEWHERE) the agent moves to the next control-plane address (standbys
-accept streams too) after a full-jitter exponential backoff, and sends a fresh Hello.
+timeout) the agent moves to the next control-plane address after a full-jitter exponential
+backoff, and sends a fresh Hello. A control plane that names the leader (a standby's refusal,
+or KIND_RECONNECT_ELSEWHERE with leader_address) sends the agent there at once; a standby that
+does not know the leader yet (an election under way) is retried within a second rather than
+after a growing backoff. See `next_target`.
 
 Backoff (AWS "full jitter"): delay = U(0, min(cap, initial * 2**attempt)); the attempt counter
 resets when a stream stayed up longer than `stable_s`, so one cut after hours of service
@@ -14,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -88,6 +92,36 @@ class _Reconnect(Exception):
     """The control plane asked us to go elsewhere."""
 
 
+LEADER_METADATA = "tidegate-leader"  # trailing metadata of a standby's refusal (controlplane.telemetry)
+DEAD_S = 5.0  # a target that failed to answer this recently is not worth a hint's immediate retry
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a stream ended, as far as choosing the next target goes."""
+
+    leader_hint: str = ""      # the leader's host:port, as a control plane told us
+    standby: bool = False      # a live control plane refused us: it stands by
+
+
+def next_target(targets: Sequence[str], current: str, ended: Ended, failed_at: Mapping[str, float],
+                now: float, dead_s: float = DEAD_S) -> tuple[str, str]:
+    """Where to stream next, and how: ("leader", at once), ("standby", retry the same live
+    control plane soon: the election is under way), ("failover", back off and move on). Pure.
+
+    A named leader wins unless it failed to answer within `dead_s` (a standby names the dead
+    leader until its lease lapses: going back there would only grow the backoff). Failing
+    over prefers a target that has not failed within `dead_s`."""
+    if ended.leader_hint and now - failed_at.get(ended.leader_hint, -math.inf) > dead_s:
+        return ended.leader_hint, "leader"
+    if ended.standby:
+        return current, "standby"
+    i = targets.index(current) if current in targets else -1
+    order = [targets[(i + k) % len(targets)] for k in range(1, len(targets) + 1)]
+    alive = [t for t in order if t != current and now - failed_at.get(t, -math.inf) > dead_s]
+    return (alive[0] if alive else order[0]), "failover"
+
+
 class StreamClient:
     def __init__(
         self,
@@ -120,27 +154,36 @@ class StreamClient:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._interval_changed = asyncio.Event()
         self.streams_opened = 0
+        self._ended = Ended()
         self.last_ack: telemetry_pb2.Ack | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Keep a stream open until `stop` is set."""
         attempt = 0
-        index = 0
+        target = self._targets[0]
+        failed_at: dict[str, float] = {}
         while not stop.is_set():
-            target = self._targets[index % len(self._targets)]
             started = self._clock()
+            self._ended = Ended()
             reason = await self._one_stream(target, stop)
             if stop.is_set():
                 break
-            if self._clock() - started > self._stable_s:
+            now = self._clock()
+            if now - started > self._stable_s:
                 attempt = 0
-            delay = backoff_delay(attempt, self._rng, self._initial, self._max)
-            attempt += 1
-            index += 1
-            log.warning(
-                "stream_closed", target=target, reason=reason,
-                next_target=self._targets[index % len(self._targets)], retry_in_s=round(delay, 3),
-            )
+            nxt, how = next_target(self._targets, target, self._ended, failed_at, now)
+            if how == "leader":
+                delay = self._rng() * 0.05  # a hint reaches every agent at once: spread them a little
+            elif how == "standby":
+                delay = backoff_delay(min(attempt, 2), self._rng, self._initial, self._max)
+                attempt += 1
+            else:
+                failed_at[target] = now
+                delay = backoff_delay(attempt, self._rng, self._initial, self._max)
+                attempt += 1
+            log.warning("stream_closed", target=target, reason=reason, next_target=nxt, how=how,
+                        retry_in_s=round(delay, 3))
+            target = nxt
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
 
@@ -166,6 +209,9 @@ class StreamClient:
             if stop.is_set():
                 log.info("stream_stopped", target=target)
                 return "stopped"
+            refusal = _standby_refusal(done)
+            if refusal is not None:
+                self._ended = refusal
             return _describe(done)
 
     async def _send(self, call: grpc.aio.StreamStreamCall, target: str) -> None:
@@ -208,8 +254,20 @@ class StreamClient:
             self.report_interval_s = new
             self._interval_changed.set()
         elif d.kind == telemetry_pb2.Directive.KIND_RECONNECT_ELSEWHERE:
-            log.info("reconnect_requested", reason=d.reason)
+            log.info("reconnect_requested", reason=d.reason, leader=d.leader_address)
+            self._ended = Ended(leader_hint=d.leader_address)
             raise _Reconnect(d.reason or "control plane asked to reconnect elsewhere")
+
+
+def _standby_refusal(done: set[asyncio.Task[None]]) -> Ended | None:
+    """A standby's UNAVAILABLE refusal, with the leader it named (controlplane.telemetry)."""
+    for t in done:
+        exc = None if t.cancelled() else t.exception()
+        if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE \
+                and "standing by" in (exc.details() or ""):
+            hint = next((str(v) for k, v in (exc.trailing_metadata() or ()) if k == LEADER_METADATA), "")
+            return Ended(leader_hint=hint, standby=True)
+    return None
 
 
 def _describe(done: set[asyncio.Task[None]]) -> str:

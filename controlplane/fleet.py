@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from tidegate.policy import faults
@@ -219,6 +219,26 @@ class FleetState:
         rec.fault = result.state
         for ev in result.events:
             self._events.append(PendingEvent(ev.kind, rec.hello.replica_id, rec.hello.pool, ev.reason))
+
+    def restore(self, entries: Iterable[records_pb2.RouteEntry], pool: str) -> list[str]:
+        """A new leader learns the replicas of the last published table of `pool` (endpoint,
+        location) as if each had just said hello: unknown for now, not stale (see
+        `tidegate.policy.continuity`). Replicas already known here are left alone. Returns the
+        ids added."""
+        now = self._now()
+        added = []
+        for e in entries:
+            if not e.replica_id or e.replica_id in self._replicas:
+                continue
+            hello = telemetry_pb2.Hello(replica_id=e.replica_id, pool=pool, endpoint=e.endpoint,
+                                        region=e.region, zone=e.zone)
+            self._replicas[e.replica_id] = ReplicaRecord(hello=hello, hello_at=now)
+            added.append(e.replica_id)
+        return added
+
+    def heard_since(self, since: float) -> set[str]:
+        """Replicas with a report received at or after `since` (monotonic seconds)."""
+        return {rid for rid, rec in self._replicas.items() if rec.report_at is not None and rec.report_at >= since}
 
     def stream_opened(self, replica_id: str) -> None:
         rec = self._replicas.get(replica_id)

@@ -28,11 +28,12 @@ from controlplane.admin import AdminService
 from controlplane.auth import Authenticator, load_tokens
 from controlplane.events import EventLog
 from controlplane.fleet import FleetState
-from controlplane.leader import Leadership
+from controlplane.leader import Leadership, LeaderWatch
 from controlplane.metrics import Metrics
 from controlplane.publisher import TablePublisher
 from controlplane.slo import PoolSlos, ScaleReporter
 from controlplane.telemetry import TelemetryService
+from controlplane.term import Term
 from controlplane.telemetry_auth import (
     DEFAULT_ALLOWED_NETWORKS,
     NO_CREDENTIALS,
@@ -42,6 +43,7 @@ from controlplane.telemetry_auth import (
 )
 from tidegate import codec, config, keys, logs
 from tidegate.errors import StoreError
+from tidegate.policy.continuity import ContinuityConfig
 from tidegate.policy.faults import FaultPolicyConfig
 from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables, decide
 from tidegate.store.election import Election
@@ -92,6 +94,9 @@ class ControlPlaneConfig(config.ConfigBase, config.EtcdFields):
                                      "doubles per ejection in a row.")
     readmit_backoff_max_s: float = Field(300.0, gt=0, description="Cap of the re-admission backoff.")
     events_keep: int = Field(5000, ge=1, description="Audit events kept in etcd (older ones are deleted).")
+    warmup_s: float = Field(5.0, ge=0, description="A new leader publishes nothing for up to this long while "
+                            "replicas of the last table reconnect (it ends early once all have reported); "
+                            "until warmup_s + stale_after_s they keep their last entry (see docs/RELIABILITY.md).")
 
     @field_validator("telemetry_allowed_networks", mode="before")
     @classmethod
@@ -178,7 +183,12 @@ class ControlPlane:
         self.metrics = Metrics()
         self.fleet = FleetState(policy, now=time.monotonic, fault_policy=fault_policy)
         self.store = EtcdStore(cfg.etcd, timeout_s=cfg.etcd_timeout_s)
-        self.publisher = TablePublisher(self.store, cp_id, metrics=self.metrics)
+        self.publisher = TablePublisher(self.store, cp_id, metrics=self.metrics,
+                                        on_fenced=lambda reason: self.leadership.step_down("fenced"))
+        self.term = Term(self.fleet, self.publisher,
+                         ContinuityConfig(warmup_s=cfg.warmup_s, stale_after_s=cfg.stale_after_s))
+        self.leader_watch = LeaderWatch(self.store, keys.ELECTION, cp_id,
+                                        timeout_s=min(1.0, cfg.etcd_timeout_s))
         self.presence = LeaseKeeper(self.store, cfg.presence_ttl_s)
         self.auth = auth or Authenticator({})
         self.telemetry_access = telemetry_access or TelemetryAccess(
@@ -214,6 +224,8 @@ class ControlPlane:
 
     def _elected(self) -> None:
         self.publisher.reset()
+        self.term.begin()
+        self.leader_watch.elected()
         self.scale.reset()
         self._last_state.clear()
         self.metrics.leader.set(1)
@@ -314,9 +326,11 @@ class ControlPlane:
         self._refresh_routers()
         self.metrics.replicas.set(len(self.fleet))
         if leader:
-            tables = compute_pool_tables(self.fleet.views(), self.fleet.policy)
-            await self.publisher.publish(tables, lambda: self.leadership.is_leader,
-                                         slos=self.slos.all() if self.slos.synced else None)
+            plan = await self.term.plan()
+            tables = compute_pool_tables(self.fleet.views(), self.fleet.policy) if plan is None else plan.computed
+            if plan is not None:
+                await self.publisher.publish(plan.tables, self.leadership.fence, hold=plan.hold,
+                                             slos=self.slos.all() if self.slos.synced else None)
             await self._record_transitions()
             self.scale.compute(tables, self.fleet, self.slos.all())
             await self.scale.publish(lambda: self.leadership.is_leader)
@@ -348,7 +362,8 @@ class ControlPlane:
         server = grpc.aio.server(options=server_options())
         telemetry = TelemetryService(self.fleet, self.presence, self.id, access=self.telemetry_access,
                                      metrics=self.metrics,
-                                     is_leader=lambda: self.leadership.is_leader)
+                                     is_leader=lambda: self.leadership.is_leader,
+                                     redirect=lambda: self.leader_watch.redirect(self.leadership.is_leader))
         telemetry_pb2_grpc.add_TelemetryServicer_to_server(telemetry, server)
         admin = AdminService(self.fleet, self.store, self.publisher, self.id, lambda: self.leadership.is_leader,
                              auth=self.auth, events=self.events, apply_intent=self.apply_intent,
@@ -372,7 +387,8 @@ class ControlPlane:
             ("presence", self.presence.run()), ("intents", self.intents.run()),
             ("routers", self.routers.run()), ("events", self.events.cache.run()), ("slos", self.slos.run()),
             ("events_trim", self.events.trim_loop()),
-            ("leadership", self.leadership.run()), ("ticks", self._tick_loop()))]
+            ("leadership", self.leadership.run()), ("leader_watch", self.leader_watch.run()),
+            ("ticks", self._tick_loop()))]
         waiter = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
         for t in done:

@@ -11,6 +11,12 @@ Decisions:
   deleted key): routers then know the pool and answer "no capacity" rather than "unknown
   model", and the generation stays monotonic. Pools in etcd this instance never saw (an old
   leader's, whose agents have not reconnected here yet) are left untouched.
+- Every write is fenced (`Store.put_fenced`): a transaction conditioned on the writer's
+  election key, so a deposed leader's write cannot land. A refused fence calls `on_fenced`
+  (the control plane steps down) and stops this round.
+- The last table of each pool (read from etcd on becoming leader, then what we wrote) is kept:
+  `previous()` is what `tidegate.policy.continuity` compares a new table against, and pools the
+  caller puts in `hold` are not written this round.
 - The pool's SLO record (`slos`, from /tidegate/v1/slos/) travels inside its table, so a router
   reads the targets and the replicas they judge at one revision; a changed target is a change.
   `slos=None` (not read from etcd yet) writes nothing.
@@ -20,7 +26,7 @@ Decisions:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import MappingProxyType
 
 import structlog
@@ -30,7 +36,7 @@ from controlplane.metrics import Metrics
 from tidegate import codec, keys
 from tidegate.errors import StoreError
 from tidegate.policy.weights import routing_key
-from tidegate.store.api import Store
+from tidegate.store.api import Fence, FencedError, Store
 from tidegate.v1 import records_pb2
 
 log = structlog.get_logger(__name__)
@@ -47,8 +53,11 @@ class TablePublisher:
         *,
         metrics: Metrics | None = None,
         wall_clock: Callable[[], float] = time.time,
+        on_fenced: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self._store = store
+        self._on_fenced = on_fenced
+        self._previous: dict[str, tuple[records_pb2.RouteEntry, ...]] = {}
         self._id = controlplane_id
         self._metrics = metrics
         self._wall = wall_clock
@@ -63,40 +72,71 @@ class TablePublisher:
         self._synced = False
         self._published.clear()
 
+    @property
+    def synced(self) -> bool:
+        return self._synced
+
     def generation(self, pool: str) -> int:
         return self._generation.get(pool, 0)
 
+    def previous(self) -> Mapping[str, tuple[records_pb2.RouteEntry, ...]]:
+        """The last table of each pool: as read from etcd on becoming leader, then as written."""
+        return dict(self._previous)
+
+    async def sync(self) -> bool:
+        """Reads the tables in etcd once per term (generations and `previous()`). Returns
+        whether this is done; never raises StoreError."""
+        if self._synced:
+            return True
+        try:
+            listing = await self._store.list_prefix(keys.TABLES)
+        except StoreError as e:
+            self._store_failed(e)
+            return False
+        for kv in listing.items:
+            pool = keys.leaf(keys.TABLES, kv.key)
+            try:
+                table = codec.decode(kv.value, records_pb2.RoutingTable)
+            except codec.DecodeError:
+                log.warning("table_undecodable", pool=pool)
+                continue
+            self._generation[pool] = max(self._generation.get(pool, 0), table.generation)
+            self._previous[pool] = tuple(table.replicas)
+        self._synced = True
+        return True
+
+    def _store_failed(self, e: StoreError) -> None:
+        if self._metrics:
+            self._metrics.publish_errors.inc()
+        if not self._failing:
+            self._failing = True
+            log.warning("publish_failed", error=str(e))
+
     async def publish(
-        self, tables: Mapping[str, Sequence[records_pb2.RouteEntry]], still_leader: Callable[[], bool],
-        *, slos: Mapping[str, records_pb2.PoolSlo] | None = NO_SLOS,
+        self, tables: Mapping[str, Sequence[records_pb2.RouteEntry]], fence: Callable[[], Fence | None],
+        *, hold: Collection[str] = (), slos: Mapping[str, records_pb2.PoolSlo] | None = NO_SLOS,
     ) -> list[str]:
-        """Writes the changed pools; returns their names. Never raises StoreError."""
+        """Writes the changed pools, except those in `hold`, each fenced by `fence()` (nothing is
+        written while it is None); returns their names. Never raises StoreError."""
         written: list[str] = []
         if slos is None:  # not read yet: a table without its SLO would loosen every router's targets
             return written
+        if not await self.sync():
+            return written
         try:
-            if not self._synced:
-                listing = await self._store.list_prefix(keys.TABLES)
-                for kv in listing.items:
-                    pool = keys.leaf(keys.TABLES, kv.key)
-                    try:
-                        gen = codec.decode(kv.value, records_pb2.RoutingTable).generation
-                    except codec.DecodeError:
-                        log.warning("table_undecodable", pool=pool)
-                        continue
-                    self._generation[pool] = max(self._generation.get(pool, 0), gen)
-                self._synced = True
             self._known_pools.update(tables)
             for pool in sorted(self._known_pools):
+                if pool in hold:
+                    continue
                 entries = list(tables.get(pool, ()))
                 slo = slos.get(pool)  # routing-relevant: a new target changes every pick
                 rkey = routing_key(entries) + ((slo.ttft_s, slo.tpot_s) if slo is not None else (),)
                 if self._published.get(pool) == rkey:
                     continue
-                if not still_leader():
+                current = fence()
+                if current is None:
                     break
                 gen = self._generation.get(pool, 0) + 1
-                self._generation[pool] = gen
                 table = records_pb2.RoutingTable(
                     pool=pool, generation=gen, leader_id=self._id, replicas=entries,
                     schema_version=SCHEMA_VERSION,
@@ -104,19 +144,21 @@ class TablePublisher:
                 )
                 if slo is not None:
                     table.slo.CopyFrom(slo)
-                await self._store.put(keys.table(pool), codec.encode(table))
+                await self._store.put_fenced(keys.table(pool), codec.encode(table), current)
+                self._generation[pool] = gen
                 self._published[pool] = rkey
+                self._previous[pool] = tuple(entries)
                 written.append(pool)
                 if self._metrics:
                     self._metrics.tables_published.labels(pool=pool).inc()
                 log.info("table_published", pool=pool, generation=gen, replicas=len(entries),
                          routable=sum(1 for e in entries if e.weight > 0))
+        except FencedError as e:
+            log.warning("publish_fenced", error=str(e))
+            self._on_fenced(str(e))
+            return written
         except StoreError as e:
-            if self._metrics:
-                self._metrics.publish_errors.inc()
-            if not self._failing:
-                self._failing = True
-                log.warning("publish_failed", error=str(e))
+            self._store_failed(e)
             return written
         if self._failing:
             self._failing = False

@@ -4,11 +4,16 @@ First message must be a Hello (protocol_version 1), then Reports, each answered 
 with the replica's current state and weight. While the stream is open this instance keeps a
 leased ReplicaPresence under keys.replica(id), so a dead control plane's streams vanish.
 
-Only the leader accepts streams: a standby refuses them with UNAVAILABLE, and a leader that
-loses its term tells its agents to reconnect elsewhere (Directive KIND_RECONNECT_ELSEWHERE)
-and ends their streams. Agents hold every control-plane address and move on to the next
-one, so the fleet state always lives in the instance that publishes the tables. After a
-failover the new leader learns the fleet as agents reconnect (within their backoff).
+Only the leader accepts streams: a standby refuses them with UNAVAILABLE, naming the leader's
+address in the trailing metadata `tidegate-leader` when it knows it, and an instance that is
+no longer the leader tells its agents to reconnect there (Directive KIND_RECONNECT_ELSEWHERE
+with `leader_address`) and ends their streams. Agents go to a named leader at once, so the
+fleet state always lives in the instance that publishes the tables.
+
+An instance that led last keeps (and accepts) streams while no other leader is known, e.g.
+while etcd is unreachable and nobody can be elected: it must not forget its fleet because
+etcd paused. `redirect()` decides: None = serve, "" = refuse (leader unknown), "host:port" =
+refuse and name the leader (controlplane.leader.LeaderWatch.redirect).
 
 Every stream is authenticated and bound (controlplane/telemetry_auth.py): the agent's bearer
 token names an identity, which must be allowed the Hello's replica id and endpoint, and a
@@ -40,6 +45,7 @@ from tidegate.v1 import records_pb2, telemetry_pb2, telemetry_pb2_grpc
 log = structlog.get_logger(__name__)
 
 PROTOCOL_VERSION = 1
+LEADER_METADATA = "tidegate-leader"  # trailing metadata of a standby's refusal: the leader's host:port
 
 
 def _refusal_code(e: AuthError) -> grpc.StatusCode:
@@ -61,6 +67,7 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
         metrics: Metrics | None = None,
         wall_clock: Callable[[], float] = time.time,
         is_leader: Callable[[], bool] = lambda: True,
+        redirect: Callable[[], str | None] | None = None,
     ) -> None:
         self._fleet = fleet
         self._presence = presence
@@ -68,6 +75,7 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
         self._metrics = metrics
         self._wall = wall_clock
         self._is_leader = is_leader
+        self._redirect = redirect or (lambda: None if is_leader() else "")
         self._access = access
         self._stream_seq = 0
         # replica_id -> the identity and stream holding it; only the holder removes the presence.
@@ -111,9 +119,13 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
             self._access.authorize(identity, rid, hello.endpoint)
         except AuthError as e:
             await self._refuse(context, e, rid)
-        if not self._is_leader():
+        leader = self._redirect()
+        if leader is not None:
+            if leader:
+                context.set_trailing_metadata(((LEADER_METADATA, leader),))
             await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"control plane {self._id} is standing by; stream to the leader")
+                                f"control plane {self._id} is standing by; stream to the leader"
+                                + (f" at {leader}" if leader else " (not known yet)"))
         self._stream_seq += 1
         token = self._stream_seq
         try:
@@ -161,10 +173,11 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
                     continue
                 if kind != "report":
                     continue
-                if not self._is_leader():
-                    log.info("stream_handed_off", replica_id=rid, reason="leadership lost")
+                leader = self._redirect()
+                if leader is not None:
+                    log.info("stream_handed_off", replica_id=rid, reason="leadership lost", leader=leader)
                     yield telemetry_pb2.ControlMessage(directive=telemetry_pb2.Directive(
-                        kind=telemetry_pb2.Directive.KIND_RECONNECT_ELSEWHERE,
+                        kind=telemetry_pb2.Directive.KIND_RECONNECT_ELSEWHERE, leader_address=leader,
                         reason=f"control plane {self._id} is no longer the leader"))
                     return
                 if self._metrics:

@@ -18,6 +18,22 @@ class LeaseNotFoundError(StoreError):
     """The lease does not exist (expired or revoked): grant a new one and re-put its keys."""
 
 
+class FencedError(StoreError):
+    """A fenced write found that the writer no longer holds its election key (another instance
+    leads, or the term ended): nothing was written, and the writer must step down."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Proof of a leadership term: the writer's election key and that key's create revision
+    (etcd's `LeaderKey.key` / `LeaderKey.rev`). A write fenced by it lands only while that very
+    key still exists: a new term of the same instance has a new key, so an old term's fence
+    fails too."""
+
+    key: str
+    create_revision: int
+
+
 @dataclass(frozen=True)
 class KeyValue:
     key: str
@@ -46,6 +62,11 @@ class Store(Protocol):
 
     async def put(self, key: str, value: bytes, lease: int = 0) -> int:
         """Returns the revision of the write."""
+        ...
+
+    async def put_fenced(self, key: str, value: bytes, fence: Fence) -> int:
+        """Writes `key` in one transaction conditioned on `fence` (its key's create revision
+        unchanged). Returns the revision; raises FencedError when the condition fails."""
         ...
 
     async def delete(self, key: str) -> bool: ...

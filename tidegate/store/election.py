@@ -23,8 +23,9 @@ import structlog
 from tidegate.errors import StoreError
 from tidegate.etcdapi import v3election_pb2 as pb
 from tidegate.etcdapi import v3election_pb2_grpc as pb_grpc
-from tidegate.store.api import LeaseNotFoundError
+from tidegate.store.api import Fence, LeaseNotFoundError
 from tidegate.store.etcd import EtcdStore
+from tidegate.store.etcdsec import EtcdSecurity
 from tidegate.store.watchcache import full_jitter
 
 log = structlog.get_logger(__name__)
@@ -40,10 +41,11 @@ class Election:
         timeout_s: float = 2.0,
         *,
         rng: random.Random | None = None,
+        security: EtcdSecurity | None = None,
     ) -> None:
         if ttl_s < 1:
             raise ValueError("ttl_s must be >= 1")
-        self._store = EtcdStore(endpoints, timeout_s=timeout_s)
+        self._store = EtcdStore(endpoints, timeout_s=timeout_s, security=security)
         self._name = name.encode()
         self._value = value
         self._ttl_s = ttl_s
@@ -59,6 +61,19 @@ class Election:
     @property
     def lease_id(self) -> int:
         return self._lease_id
+
+    @property
+    def fence(self) -> Fence | None:
+        """The fence of the current term (None when not leading): condition every leader-only
+        write on it (`Store.put_fenced`), so a deposed leader's write cannot land."""
+        key = self._leader_key
+        if key is None or not self.is_leader:
+            return None
+        return Fence(key=bytes(key.key).decode(), create_revision=int(key.rev))
+
+    def step_down(self, reason: str) -> None:
+        """Ends this term now (a fenced write failed: someone else leads, or our key is gone)."""
+        self._step_down(reason, self._lease_id)
 
     async def _connect(self) -> pb_grpc.ElectionStub:
         if self._stub is None:
@@ -145,14 +160,8 @@ class Election:
 
     async def leader(self) -> bytes | None:
         """The current leader's value, None when nobody leads."""
-        stub = await self._connect()
-        try:
-            resp = await stub.Leader(pb.LeaderRequest(name=self._name), timeout=self._timeout_s)
-        except grpc.aio.AioRpcError as e:
-            if "no leader" in (e.details() or ""):
-                return None
-            raise StoreError(f"Leader failed: {e.code().name}: {e.details()}") from e
-        return bytes(resp.kv.value) if resp.HasField("kv") else None
+        await self._connect()
+        return await leader_value(self._store, self._name.decode(), self._timeout_s)
 
     async def resign(self) -> None:
         """Hands leadership over now (the standby's Campaign returns at once)."""
@@ -175,3 +184,16 @@ class Election:
         self._leader_key = None
         self._stub = None
         await self._store.close()
+
+
+async def leader_value(store: EtcdStore, name: str, timeout_s: float) -> bytes | None:
+    """The value the current leader of election `name` proclaimed, None when nobody leads.
+    `store` must be connected. Raises StoreError when etcd does not answer."""
+    stub = pb_grpc.ElectionStub(store.channel)
+    try:
+        resp = await stub.Leader(pb.LeaderRequest(name=name.encode()), timeout=timeout_s)
+    except grpc.aio.AioRpcError as e:
+        if "no leader" in (e.details() or ""):
+            return None
+        raise StoreError(f"Leader failed: {e.code().name}: {e.details()}") from e
+    return bytes(resp.kv.value) if resp.HasField("kv") else None

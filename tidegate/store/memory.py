@@ -14,7 +14,7 @@ import itertools
 from collections.abc import AsyncIterator
 
 from tidegate.errors import CompactedError, StoreError
-from tidegate.store.api import KeyValue, LeaseNotFoundError, Listing, WatchEvent
+from tidegate.store.api import Fence, FencedError, KeyValue, LeaseNotFoundError, Listing, WatchEvent
 
 _Item = list[WatchEvent] | BaseException
 
@@ -23,6 +23,7 @@ class InMemoryStore:
     def __init__(self) -> None:
         self.revision = 1  # etcd starts at revision 1
         self._data: dict[str, KeyValue] = {}
+        self._created: dict[str, int] = {}  # key -> create revision (for fenced writes)
         self._leases: dict[int, int] = {}  # id -> ttl
         self._history: list[list[WatchEvent]] = []  # one batch per revision, ascending
         self._compact_revision = 0
@@ -90,8 +91,10 @@ class InMemoryStore:
         for key in keys:
             if value is None:
                 self._data.pop(key, None)
+                self._created.pop(key, None)
             else:
                 self._data[key] = KeyValue(key, value, self.revision, lease)
+                self._created.setdefault(key, self.revision)
             batch.append(WatchEvent(key, value, self.revision))
         self._history.append(batch)
         for prefix, q in self._watches:
@@ -116,6 +119,16 @@ class InMemoryStore:
         if lease and lease not in self._leases:
             raise LeaseNotFoundError(f"lease {lease:x} not found")
         return self._commit([key], bytes(value), lease)
+
+    async def put_fenced(self, key: str, value: bytes, fence: Fence) -> int:
+        self._check()
+        if self._created.get(fence.key) != fence.create_revision:
+            raise FencedError(f"fence {fence.key} @ {fence.create_revision} no longer holds")
+        return self._commit([key], bytes(value), 0)
+
+    def create_revision(self, key: str) -> int:
+        """0 when the key does not exist (test hook for fences)."""
+        return self._created.get(key, 0)
 
     async def delete(self, key: str) -> bool:
         self._check()

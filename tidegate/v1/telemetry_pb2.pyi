@@ -200,7 +200,7 @@ class Ack(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., state: _Optional[_Union[_records_pb2.ReplicaState, str]] = ..., weight: _Optional[float] = ..., controlplane_id: _Optional[str] = ...) -> None: ...
 
 class Directive(_message.Message):
-    __slots__ = ("kind", "report_interval_ms", "reason")
+    __slots__ = ("kind", "report_interval_ms", "reason", "leader_address")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[Directive.Kind]
@@ -212,7 +212,9 @@ class Directive(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     REPORT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     kind: Directive.Kind
     report_interval_ms: int
     reason: str
-    def __init__(self, kind: _Optional[_Union[Directive.Kind, str]] = ..., report_interval_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    leader_address: str
+    def __init__(self, kind: _Optional[_Union[Directive.Kind, str]] = ..., report_interval_ms: _Optional[int] = ..., reason: _Optional[str] = ..., leader_address: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,98 @@
+"""One leadership term: restore the fleet from the last tables, warm up, then publish.
+
+The driver around `tidegate.policy.continuity` (the pure rules). On becoming leader the term
+begins: the publisher reads the last table of every pool from etcd, the replicas in them are
+restored into the fleet as "unknown" (endpoint and location known, no report yet), and each
+tick's computed tables pass through `continuity.check` before the publisher sees them.
+Holds and carry-overs are logged when they start and when they end, not on every tick.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from controlplane.fleet import FleetState
+from controlplane.publisher import TablePublisher
+from tidegate.policy import continuity
+from tidegate.policy.weights import compute_pool_tables
+from tidegate.v1 import records_pb2
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    tables: dict[str, Sequence[records_pb2.RouteEntry]]   # what may be published
+    hold: frozenset[str]          # pools not to write this tick (warming up)
+    computed: dict[str, list[records_pb2.RouteEntry]]    # what the views alone say
+
+
+class Term:
+    def __init__(self, fleet: FleetState, publisher: TablePublisher, cfg: continuity.ContinuityConfig, *,
+                 now: Callable[[], float] = time.monotonic) -> None:
+        self._fleet = fleet
+        self._publisher = publisher
+        self.cfg = cfg
+        self._now = now
+        self.started = now()
+        self._restored = False
+        self._holding: dict[str, tuple[str, ...]] = {}
+        self._carrying: dict[str, tuple[str, ...]] = {}
+
+    def begin(self) -> None:
+        """Call on becoming leader (the publisher must have been `reset()`)."""
+        self.started = self._now()
+        self._restored = False
+        self._holding.clear()
+        self._carrying.clear()
+
+    @property
+    def warming_up(self) -> bool:
+        return bool(self._holding) or not self._restored
+
+    async def plan(self) -> Plan | None:
+        """The tables to publish this tick; None until the last tables could be read."""
+        if not await self._publisher.sync():
+            return None
+        previous = self._publisher.previous()
+        if not self._restored:
+            for pool, entries in previous.items():
+                added = self._fleet.restore(entries, pool)
+                if added:
+                    log.info("term_restored", pool=pool, replicas=len(added))
+            self._restored = True
+        computed = compute_pool_tables(self._fleet.views(), self._fleet.policy)
+        heard = self._fleet.heard_since(self.started)
+        age = self._now() - self.started
+        tables: dict[str, Sequence[records_pb2.RouteEntry]] = {}
+        hold = set()
+        for pool in sorted(set(previous) | set(computed)):
+            v = continuity.check(previous.get(pool, ()), computed.get(pool, []), heard, age, self.cfg)
+            self._log_changes(pool, v, age)
+            if v.publish:
+                tables[pool] = list(v.entries)
+            else:
+                hold.add(pool)
+        return Plan(tables, frozenset(hold), computed)
+
+    def _log_changes(self, pool: str, v: continuity.Verdict, age: float) -> None:
+        waiting = () if v.publish else v.waiting_for
+        if waiting != self._holding.get(pool, ()):
+            if waiting:
+                log.info("term_warming_up", pool=pool, waiting_for=len(waiting), term_age_s=round(age, 2))
+            else:
+                log.info("term_warm", pool=pool, term_age_s=round(age, 2), not_heard=len(v.waiting_for))
+        if waiting:
+            self._holding[pool] = waiting
+        else:
+            self._holding.pop(pool, None)
+        if v.carried != self._carrying.get(pool, ()):
+            log.info("term_carrying", pool=pool, carried=list(v.carried), term_age_s=round(age, 2))
+        if v.carried:
+            self._carrying[pool] = v.carried
+        else:
+            self._carrying.pop(pool, None)
