@@ -16,7 +16,8 @@ single steps (decode-only and mixed); the bias and the absolute error of the mea
 per window (what a TPOT prediction needs: the ITL a token sees); and the published rates.
 
     .venv/bin/python scripts/measure_rate_estimator.py [--profiles llama3-8b-h100,llama3-70b-tp4-h100]
-        [--loads 0.3,0.6,0.9,1.2] [--duration 240] [--trace PATH] [--every 4] [--seeded]
+        [--loads 0.05,0.2,0.5,1.0,1.5] [--duration 240] [--trace PATH] [--every 4] [--seeded]
+        [--flavor vllm|vllm-v0|sglang]
 """
 
 from __future__ import annotations
@@ -66,9 +67,9 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def run(profile: Profile, reqs: list[TraceRequest], interval_s: float, warmup_s: float, duration_s: float,
-        seeded: bool) -> dict[str, float]:
+        seeded: bool, flavor: str = "vllm") -> dict[str, float]:
     engine = Engine(profile, keep_results=False)
-    metrics = SimMetrics(engine, profile.model)
+    metrics = SimMetrics(engine, profile.model, flavor)
     est = RateEstimator(prior=profile_prior(profile) if seeded else None)
     prev = parse_metrics(metrics.render().decode())
     t, i, next_tick = 0.0, 0, interval_s
@@ -138,16 +139,18 @@ def run(profile: Profile, reqs: list[TraceRequest], interval_s: float, warmup_s:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profiles", default="llama3-8b-h100,llama3-70b-tp4-h100", help="comma-separated profiles")
-    ap.add_argument("--loads", default="0.3,0.6,0.9,1.2", help="offered loads, fractions of estimated capacity")
+    ap.add_argument("--loads", default="0.05,0.2,0.5,1.0,1.5", help="offered loads, fractions of estimated capacity")
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="trace file (Azure CSV or Mooncake JSONL)")
     ap.add_argument("--every", type=int, default=4, help="keep every Nth request of the trace")
     ap.add_argument("--duration", type=float, default=240.0, help="engine seconds simulated per run")
     ap.add_argument("--warmup", type=float, default=30.0, help="seconds before predictions are scored")
     ap.add_argument("--interval", type=float, default=1.0, help="report interval (one window), seconds")
     ap.add_argument("--seeded", action="store_true", help="seed the prior with the profile's figures")
+    ap.add_argument("--flavor", default="vllm", choices=("vllm", "vllm-v0", "sglang"),
+                    help="metric names the engine exports (sglang: no step count, busy time instead)")
     args = ap.parse_args(argv)
     print(f"trace {args.trace.name} every {args.every}, {args.duration:g} s per run, warm-up {args.warmup:g} s, "
-          f"prior {'profile' if args.seeded else 'generic'}")
+          f"prior {'profile' if args.seeded else 'generic'}, {args.flavor} metrics")
     print("| profile | load | mean batch | busy | decode step err p50/p90 | mixed step err p50/p90 "
           "| window mean err p50/p90 | window bias | base ms | per-seq ms | prefill tok/s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -156,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         truth = profile_prior(profile)
         for load_frac in (float(x) for x in args.loads.split(",")):
             reqs = workload(args.trace, args.every, load_frac, profile, args.duration)
-            m = run(profile, reqs, args.interval, args.warmup, args.duration, args.seeded)
+            m = run(profile, reqs, args.interval, args.warmup, args.duration, args.seeded, args.flavor)
             print(f"| {name} | {load_frac:g} | {m['batch']:.1f} | {m['busy']:.0%} "
                   f"| {m['decode_p50']:.1%} / {m['decode_p90']:.1%} | {m['mixed_p50']:.1%} / {m['mixed_p90']:.1%} "
                   f"| {m['win_p50']:.1%} / {m['win_p90']:.1%} | {m['win_bias']:+.1%} "

@@ -73,7 +73,7 @@ class RateEstimatorConfig:
     half_life_s: float = 120.0          # windows older than this count half
     prior_weight: float = 200.0         # prior strength, in decode tokens of evidence
     batch_scale: float = 32.0           # batch spread the prior's per_seq stands for
-    prefill_scale: float = 64.0         # prefill tokens per step the prior's prefill rate stands for
+    prefill_scale: float = 32.0         # prefill tokens per step the prior's prefill rate stands for
     min_decode_tokens: float = 200.0    # forgotten-weighted decode tokens before publishing decode rates
     min_prefill_tokens: float = 4096.0  # forgotten-weighted uncached prompt tokens before publishing prefill
     quantum: float = 0.04               # published values move on a geometric grid of this ratio
@@ -141,11 +141,14 @@ def regressors(w: WorkWindow, max_step_ms: float = 60_000.0) -> Observation | No
         steps = busy * 1000.0 / y
     # Every decoded token ran in some step with at least one decode: fewer steps than that is garbage.
     batch = w.itl_count / steps
+    prefill = uncached / steps
     if batch < 1.0:
-        # Steps without decodes (lone prefills) dilute the mean; the decoding steps still ran >= 1.
+        # Fewer decode tokens than steps: some steps decoded nothing (a prefill on an idle engine)
+        # and no token saw them. At most itl_count steps decoded; count only that share of the
+        # prefill (as if spread evenly), and the decoding steps still ran at least one sequence.
+        prefill *= batch
         batch = 1.0
-    return Observation(batch=batch, prefill=uncached / steps, step_ms=y, weight=w.itl_count,
-                       prefill_tokens=uncached)
+    return Observation(batch=batch, prefill=prefill, step_ms=y, weight=w.itl_count, prefill_tokens=uncached)
 
 
 def _solve3(a: Mat, b: Vec) -> Vec | None:
