@@ -6,17 +6,20 @@ is audited, survives a control-plane restart, and clears."""
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from polling import wait_until  # type: ignore[import-not-found]
 from test_cli import Cli  # type: ignore[import-not-found]
+from test_rates_published import WORDS  # type: ignore[import-not-found]
 
 from tidegate.fleet import endpoints
 from tidegate.fleet.up import Fleet, UpConfig
@@ -29,7 +32,8 @@ MODEL = "slo-model"
 
 @pytest.fixture
 def fleet(fresh_etcd: Any, tmp_path: Path) -> Iterator[tuple[Fleet, dict[str, Any], Cli]]:
-    cfg = UpConfig(replicas=1, model=MODEL, profile="instant", etcd=(fresh_etcd.endpoint,),
+    # A real step-time profile (not "instant"), so the control plane can fit engine rates.
+    cfg = UpConfig(replicas=1, model=MODEL, profile="llama3-8b-h100", etcd=(fresh_etcd.endpoint,),
                    run_dir=tmp_path / "run", report_interval_s=0.5, ready_timeout_s=60)
     fl = Fleet(cfg)
     try:
@@ -51,6 +55,15 @@ def _etcd_json(info: dict[str, Any], key: str) -> dict[str, Any]:
                          capture_output=True, text=True, timeout=10)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout) if out.stdout.strip() else {}
+
+
+def _complete(info: dict[str, Any], prompt: str) -> None:
+    req = urllib.request.Request(info["router_url"] + "/v1/completions", method="POST",
+                                 data=json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 48}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200
+        resp.read()
 
 
 def _pool(cli: Cli) -> dict[str, Any]:
@@ -96,6 +109,19 @@ def test_pool_slo_end_to_end(fleet: tuple[Fleet, dict[str, Any], Cli]) -> None:
     assert [(s["pool"], s["ttft_s"], s["tpot_s"]) for s in slos] == [(MODEL, 2.0, 0.1)]
     kinds = [(e["kind"], e["pool"]) for e in cli.json("events")["events"]]
     assert ("slo_changed", MODEL) in kinds
+
+    # With an SLO and engine rates fitted from the replica's telemetry, the pool gets a figure.
+    # Distinct long prompts (no prefix-cache hits), enough evidence for the rate estimator.
+    rng = random.Random(7)
+    prompts = [" ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(500)) for _ in range(24)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda p: _complete(info, p), prompts))
+    try:
+        wait_until(lambda: _pool(cli)["recommended_replicas"] >= 1, 30, "a scale recommendation")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {_pool(cli)['scale']}") from None
+    scale = _pool(cli)["scale"]
+    assert scale["binding"] != "none" and scale["current_replicas"] == 1, scale
 
     # A viewer may read but not set; garbage is refused before any call.
     viewer = {"TIDEGATE_TOKEN_FILE": info["tokens"]["viewer"]}
