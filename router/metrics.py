@@ -50,6 +50,13 @@ class _StateCollector(Collector):
                                 value=1.0 if self._tables.etcd_healthy else 0.0)
         yield GaugeMetricFamily("tidegate_router_tables_synced", "1 once the routing tables were listed.",
                                 value=1.0 if self._tables.synced.is_set() else 0.0)
+        suspect = GaugeMetricFamily("tidegate_router_table_suspect",
+                                    "1 while a pool's latest table lost most of its replicas and the router "
+                                    "routes on the last known set (panic threshold).", labels=["pool"])
+        panics = self._tables.suspect()
+        for pool in sorted(pools):
+            suspect.add_metric([pool], 1.0 if pool in panics else 0.0)
+        yield suspect
 
 
 class RouterMetrics:

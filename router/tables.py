@@ -3,13 +3,23 @@
 Fed by a `WatchCache` over `tidegate.keys.TABLES`. A value that does not decode is
 logged once and ignored: the pool keeps its previous table. An etcd outage changes
 nothing here (the cache keeps its state and so do we); only a delete in etcd removes a pool.
+
+Panic threshold (as Envoy's healthy panic threshold): a new table in which fewer than
+`panic_threshold` (50%) of the previously routable replicas are still routable, because
+replicas *vanished* (absent, or STALE/JOINING with weight 0, i.e. not a decision such as
+cordon, drain or eject), is suspect: more likely a control plane that lost its memory than
+half a fleet dying at once. The router then keeps routing to the last known set: the new
+table with each vanished replica's previous entry put back. It logs this (at most every 10 s
+per pool), shows it in /health and `tidegate_router_table_suspect`, and accepts the new
+table once a table is no longer suspect or after `panic_max_s`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import structlog
@@ -17,9 +27,14 @@ import structlog
 from tidegate import codec, keys
 from tidegate.policy.registry import RouteInfo, SloTargets
 from tidegate.store.api import KeyValue
-from tidegate.v1.records_pb2 import RoutingTable
+from tidegate.v1.records_pb2 import ReplicaState, RoutingTable
 
 log = structlog.get_logger(__name__)
+
+PANIC_THRESHOLD = 0.5
+PANIC_MAX_S = 60.0
+_VANISHED_STATES = frozenset({ReplicaState.REPLICA_STATE_STALE, ReplicaState.REPLICA_STATE_JOINING})
+_PANIC_LOG_EVERY_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +49,50 @@ class PoolTable:
     @property
     def has_replicas(self) -> bool:
         return bool(self.entries)
+
+
+def vanished(trusted: PoolTable, new: PoolTable) -> tuple[str, ...]:
+    """Replicas routable in `trusted` that `new` lost without a decision: absent, or weight 0 in
+    a STALE/JOINING state."""
+    now = {e.replica_id: e for e in new.entries}
+    out = []
+    for e in trusted.entries:
+        if e.weight <= 0:
+            continue
+        n = now.get(e.replica_id)
+        if n is None or (n.weight <= 0 and n.state in _VANISHED_STATES):
+            out.append(e.replica_id)
+    return tuple(out)
+
+
+def is_suspect(trusted: PoolTable, new: PoolTable, threshold: float = PANIC_THRESHOLD) -> tuple[str, ...]:
+    """The vanished replicas when `new` is suspect against `trusted` (see the module
+    docstring), else (). Pure."""
+    lost = vanished(trusted, new)
+    if not lost:
+        return ()
+    base = sum(1 for e in trusted.entries if e.weight > 0)
+    routable_now = sum(1 for e in new.entries if e.weight > 0)
+    return lost if routable_now < threshold * base else ()
+
+
+def keep_vanished(new: PoolTable, trusted: PoolTable, lost: tuple[str, ...]) -> PoolTable:
+    """`new` with each lost replica's entry from `trusted` (the last known set)."""
+    old = {e.replica_id: e for e in trusted.entries if e.replica_id in lost}
+    entries = [old.pop(e.replica_id, e) for e in new.entries]
+    entries.extend(old[rid] for rid in lost if rid in old)
+    return replace(new, entries=tuple(entries))
+
+
+@dataclass
+class Panic:
+    """A pool whose latest table is suspect."""
+
+    since: float
+    lost: tuple[str, ...]
+    latest: PoolTable                # the suspect table as published
+    logged_at: float
+    suppressed: int = field(default=0)
 
 
 def to_pool_table(pool: str, kv: KeyValue) -> PoolTable:
@@ -64,7 +123,13 @@ class RoutingTables:
     router keeps routing with the last tables through an etcd outage.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, panic_threshold: float = PANIC_THRESHOLD, panic_max_s: float = PANIC_MAX_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._panic_threshold = panic_threshold
+        self._panic_max_s = panic_max_s
+        self._clock = clock
+        self._trusted: dict[str, PoolTable] = {}   # the last table that was not suspect
+        self._panic: dict[str, Panic] = {}
         self._tables: dict[str, PoolTable] = {}
         self._view: Mapping[str, PoolTable] = MappingProxyType({})
         self._bad: dict[str, int] = {}  # key -> mod_revision of the value we could not decode
@@ -75,11 +140,21 @@ class RoutingTables:
     # -- reads ------------------------------------------------------------------------------
 
     def get(self, pool: str) -> PoolTable | None:
+        if self._panic:
+            self._expire_panics()
         return self._view.get(pool)
 
     def pools(self) -> Mapping[str, PoolTable]:
         """An immutable view of every pool's table (safe to keep across awaits)."""
+        if self._panic:
+            self._expire_panics()
         return self._view
+
+    def suspect(self) -> Mapping[str, Panic]:
+        """Pools whose latest table is suspect (we route on the last known set)."""
+        if self._panic:
+            self._expire_panics()
+        return dict(self._panic)
 
     # -- writes (from the watch cache) ------------------------------------------------------
 
@@ -93,6 +168,8 @@ class RoutingTables:
             return
         if kv is None:
             self._bad.pop(key, None)
+            self._trusted.pop(pool, None)
+            self._panic.pop(pool, None)
             if self._tables.pop(pool, None) is not None:
                 log.info("table_removed", pool=pool)
                 self._publish()
@@ -109,8 +186,48 @@ class RoutingTables:
                             error=str(exc), kept_generation=current.generation if current else None)
             return
         self._bad.pop(key, None)
-        self._tables[pool] = table
+        self._tables[pool] = self._admit(pool, table)
         self._publish()
+
+    def _admit(self, pool: str, table: PoolTable) -> PoolTable:
+        """The table to route on: `table`, or the last known set when `table` is suspect."""
+        trusted = self._trusted.get(pool)
+        lost = is_suspect(trusted, table, self._panic_threshold) if trusted is not None else ()
+        panic = self._panic.get(pool)
+        now = self._clock()
+        if not lost or (panic is not None and now - panic.since >= self._panic_max_s):
+            if panic is not None:
+                log.info("table_panic_cleared", pool=pool, generation=table.generation,
+                         after_s=round(now - panic.since, 1), suppressed=panic.suppressed,
+                         reason="table no longer suspect" if not lost else "panic_max_s reached")
+                del self._panic[pool]
+            self._trusted[pool] = table
+            return table
+        assert trusted is not None
+        if panic is None:
+            self._panic[pool] = Panic(since=now, lost=lost, latest=table, logged_at=now)
+            log.warning("table_suspect", pool=pool, generation=table.generation, vanished=len(lost),
+                        routable_before=sum(1 for e in trusted.entries if e.weight > 0),
+                        routable_now=sum(1 for e in table.entries if e.weight > 0),
+                        action="routing to the last known set")
+        else:
+            panic.lost, panic.latest = lost, table
+            if now - panic.logged_at >= _PANIC_LOG_EVERY_S:
+                log.warning("table_suspect", pool=pool, generation=table.generation, vanished=len(lost),
+                            since_s=round(now - panic.since, 1), suppressed=panic.suppressed)
+                panic.logged_at, panic.suppressed = now, 0
+            else:
+                panic.suppressed += 1
+        return keep_vanished(table, trusted, lost)
+
+    def _expire_panics(self) -> None:
+        now = self._clock()
+        expired = [p for p, panic in self._panic.items() if now - panic.since >= self._panic_max_s]
+        for pool in expired:
+            panic = self._panic[pool]
+            self._tables[pool] = self._admit(pool, panic.latest)
+        if expired:
+            self._publish()
 
     def reconcile(self, items: Mapping[str, KeyValue]) -> None:
         """Level-triggered catch-up from the cache's full state (after a (re)list)."""
