@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from tidegate.policy.affinity import PrefixBlocks, PrefixIndex
 from tidegate.policy.pick import Pick
-from tidegate.policy.predict import Prediction, ReplicaLoad, pool_rates, predict
+from tidegate.policy.predict import Prediction, Rates, ReplicaLoad, pool_rates, predict
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets, make_pick
 
 # Bounded load: affinity (cache reuse, the prefix's home) may cost at most this factor of the
@@ -85,6 +85,7 @@ class TidegatePolicy:
         self._mean_fragility = _fragility(DEFAULT_OUTPUT_TOKENS)
         self._capacity: dict[str, float] = {}   # KV tokens per replica, from the last table seen
         self._last: tuple[RequestFeatures, PrefixBlocks] | None = None
+        self._table: tuple[tuple[RouteInfo, ...], dict[str, Rates]] | None = None
 
     # ------------------------------------------------------------------ prediction
 
@@ -123,6 +124,17 @@ class TidegatePolicy:
         kv_used = max(own.kv, cap - max(0, e.kv_free_tokens)) if cap > 0 else own.kv
         return ReplicaLoad(queued, decoding, kv_used, cap, fragility)
 
+    def _rates(self, snapshot: PoolSnapshot) -> dict[str, Rates]:
+        """Rates and KV capacities change only with the table: computed once per table object."""
+        cached = self._table
+        if cached is not None and cached[0] is snapshot.entries:
+            return cached[1]
+        rates = pool_rates(snapshot.entries)
+        for e in snapshot.entries:
+            self._capacity[e.replica_id] = float(e.kv_capacity_tokens)
+        self._table = (snapshot.entries, rates)
+        return rates
+
     def predictions(self, snapshot: PoolSnapshot, request: RequestFeatures) -> list[Prediction]:
         """One per candidate, in replica-id order: what `pick` decides on."""
         cands = snapshot.candidates()
@@ -130,9 +142,7 @@ class TidegatePolicy:
             return []
         slo = snapshot.slo or self.slo
         blocks = self._blocks(request)
-        rates = pool_rates(cands)
-        for e in cands:
-            self._capacity[e.replica_id] = float(e.kv_capacity_tokens)
+        rates = self._rates(snapshot)
         out = self._output(request)
         remaining = max(1.0, self._mean_output / 2)
         others = self._others_share(cands)
