@@ -10,9 +10,11 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry
 
+from controlplane.fleet import FleetState
 from controlplane.pools import pool_summaries
 from controlplane.slo import ScaleReporter, decode_all, validate
 from tidegate import codec, keys
+from tidegate.policy.weights import WeightPolicyConfig
 from tidegate.store.api import KeyValue
 from tidegate.store.memory import InMemoryStore
 from tidegate.v1 import records_pb2, telemetry_pb2
@@ -142,3 +144,23 @@ def test_pools_with_an_slo_but_no_replica_are_listed() -> None:
                            scale={"m": scale})
     assert [p.pool for p in pools] == ["m"]
     assert pools[0].slo.ttft_s == 2.0 and pools[0].recommended_replicas == 2 and pools[0].scale.binding == "prefill"
+
+
+def test_attainment_uses_the_pool_slo_before_the_flags() -> None:
+    fleet = FleetState(WeightPolicyConfig(), now=lambda: 1000.0)
+    hello = telemetry_pb2.Hello(replica_id="r1", pool="m", endpoint="http://127.0.0.1:9", protocol_version=1)
+    fleet.on_hello(hello)
+    eng = telemetry_pb2.EngineStats(healthy=True, kv_capacity_tokens=1000, kv_free_tokens=500, has_kv_capacity=True,
+                                    window_s=10.0)
+    eng.ttft.count, eng.ttft.p50_ms, eng.ttft.p95_ms, eng.ttft.p99_ms = 100, 400.0, 1200.0, 1800.0
+    eng.itl.count, eng.itl.p50_ms, eng.itl.p95_ms, eng.itl.p99_ms = 100, 20.0, 40.0, 60.0
+    fleet.on_report(hello, telemetry_pb2.Report(seq=1, engine=eng))
+
+    def attainment(**kw: object) -> float:
+        return pool_summaries(fleet, {}, lambda pool: 0, **kw)[0].slo_attainment  # type: ignore[arg-type]
+
+    assert attainment() == -1.0                                    # no targets anywhere: unknown
+    assert attainment(slo_ttft_ms=1000.0, slo_itl_ms=100.0) == 0.5  # flags: TTFT p50 only within 1 s
+    assert attainment(slo_ttft_ms=1000.0, slo_itl_ms=100.0, slos={"m": SLO}) == 1.0  # pool SLO 2 s: p99 within
+    tight = records_pb2.PoolSlo(pool="m", ttft_s=2.0, tpot_s=0.05)
+    assert attainment(slos={"m": tight}) == 0.95                   # ITL p99 60 ms > 50 ms, p95 within
