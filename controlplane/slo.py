@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 import structlog
-from google.protobuf import timestamp_pb2
 from prometheus_client import CollectorRegistry, Gauge
 
 from controlplane.fleet import FleetState
+from controlplane.publisher import _timestamp
 from tidegate import codec, keys
 from tidegate.errors import StoreError
 from tidegate.policy.registry import SloTargets
@@ -188,9 +188,3 @@ class ScaleReporter:
             self._failing = False
             log.info("scale_publish_recovered")
         return written
-
-
-def _timestamp(t: float) -> timestamp_pb2.Timestamp:
-    ts = timestamp_pb2.Timestamp()
-    ts.FromNanoseconds(int(t * 1e9))
-    return ts
