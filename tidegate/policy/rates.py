@@ -71,9 +71,9 @@ GENERIC_PRIOR = EngineRates(prefill_tokens_per_s=10_000.0, decode_step_base_ms=1
 @dataclass(frozen=True)
 class RateEstimatorConfig:
     half_life_s: float = 120.0          # windows older than this count half
-    prior_weight: float = 200.0         # prior strength, in decode tokens of evidence
+    prior_weight: float = 50.0          # prior strength, in decode tokens of evidence
     batch_scale: float = 32.0           # batch spread the prior's per_seq stands for
-    prefill_scale: float = 32.0         # prefill tokens per step the prior's prefill rate stands for
+    prefill_scale: float = 64.0         # prefill tokens per step the prior's prefill rate stands for
     min_decode_tokens: float = 200.0    # forgotten-weighted decode tokens before publishing decode rates
     min_prefill_tokens: float = 4096.0  # forgotten-weighted uncached prompt tokens before publishing prefill
     quantum: float = 0.04               # published values move on a geometric grid of this ratio
