@@ -45,6 +45,7 @@ from tidegate import codec, config, keys, logs
 from tidegate.errors import StoreError
 from tidegate.policy.continuity import ContinuityConfig
 from tidegate.policy.faults import FaultPolicyConfig
+from tidegate.policy.scale import HEADROOM, ScaleConfig
 from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables, decide
 from tidegate.store.election import Election
 from tidegate.store.etcd import EtcdStore
@@ -94,6 +95,11 @@ class ControlPlaneConfig(config.ConfigBase, config.EtcdFields):
                                      "doubles per ejection in a row.")
     readmit_backoff_max_s: float = Field(300.0, gt=0, description="Cap of the re-admission backoff.")
     events_keep: int = Field(5000, ge=1, description="Audit events kept in etcd (older ones are deleted).")
+    scale_min_replicas: int = Field(1, ge=1, description="Floor of every pool's scale recommendation "
+                                    "(tidegate_pool_recommended_replicas): an idle pool is recommended this many.")
+    scale_headroom: float = Field(HEADROOM, gt=0, le=1, description="Target utilisation of the scale "
+                                  "recommendation: replicas = work / headroom (lower when the TTFT target "
+                                  "needs it; see tidegate/policy/scale.py).")
     warmup_s: float = Field(5.0, ge=0, description="A new leader publishes nothing for up to this long while "
                             "replicas of the last table reconnect (it ends early once all have reported); "
                             "until warmup_s + stale_after_s they keep their last entry (see docs/RELIABILITY.md).")
@@ -201,7 +207,8 @@ class ControlPlane:
         # Pool SLOs (any instance may write one) go into the tables at once; the scale
         # recommendation is recomputed every tick and written when it changes.
         self.slos = PoolSlos(self.store, on_change=self._wake.set)
-        self.scale = ScaleReporter(self.store, cp_id, registry=self.metrics.registry)
+        self.scale = ScaleReporter(self.store, cp_id, registry=self.metrics.registry, config=ScaleConfig(
+            min_replicas=cfg.scale_min_replicas, headroom=cfg.scale_headroom))
         self.events = EventLog(self.store, cp_id, keep=cfg.events_keep)
         self._intent_cache: dict[str, tuple[int, records_pb2.ReplicaIntent]] = {}
         # Intents written by this instance that its WatchCache may not have seen yet:
