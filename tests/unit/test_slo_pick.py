@@ -208,13 +208,16 @@ def test_fragile_decoders_are_spared_a_long_prefill():
     assert pol.pick(snap, req(16_000, out=500, rid="doc"), random.Random(0)).replica_id == "b"
 
 
-def test_the_other_routers_share_of_the_table_counts():
+@pytest.mark.parametrize(("table_inflight", "scale"), [(1, 1.0), (4, 4.0), (0, 1.0), (10_000, 64.0)],
+                         ids=["one-router", "four-routers", "empty-table", "share-floor"])
+def test_own_load_is_scaled_to_the_pool_by_this_routers_share(table_inflight, scale):
     pol = TidegatePolicy()
-    # This router has nothing in flight; the table shows another router's queue on a.
-    snap = PoolSnapshot((e("a", waiting=30, running=40), e("b")))
-    pol.on_dispatch(req(2000, rid="seed"), "b")
-    pol.on_complete(req(2000, rid="seed"), "b")
-    assert pol.pick(snap, req(2000, rid="n"), random.Random(0)).replica_id == "b"
+    pol.on_dispatch(req(10_000, rid="mine"), "a")
+    # KV capacity unknown (0): no KV wait, so the TTFT gap is the scaled queue (and its steps).
+    snap = PoolSnapshot((e("a", waiting=table_inflight, cap=0, free=0), e("b", cap=0, free=0)))
+    got = {p.replica_id: p for p in pol.predictions(snap, req(1000, rid="n"))}
+    rate = FAST["prefill_tokens_per_s"]
+    assert got["a"].ttft_s - got["b"].ttft_s == pytest.approx(10_000 * scale / rate, rel=0.1)
 
 
 def test_tpot_misfit_is_avoided_and_all_misfit_falls_back():

@@ -4,8 +4,8 @@ affinity that pays only while it helps. Formulas and reasons: README.md.
 Pipeline per request (pure: snapshot + request + rng in, pick out):
 
 1. candidates  routable (weight > 0) and not excluded (registry.PoolSnapshot.candidates);
-2. load        per replica, in tokens: this router's own in-flight work (fed by its hooks) plus
-               the other routers' share of the routing table's figures (`_load`);
+2. load        per replica, in tokens: this router's own in-flight work (fed by its hooks),
+               scaled to the pool's by this router's share of the table's in-flight (`_load`);
 3. predict     TTFT, TPOT and the SLO budget the placement uses up (predict.py) on each
                candidate, with the prompt tokens expected to hit that replica's prefix cache
                (affinity.PrefixIndex) taken off its prefill;
@@ -40,6 +40,8 @@ BAND_C = 1.25
 DEFAULT_OUTPUT_TOKENS = 256
 # Weight of the newest sample in the running means (prefill per request, output, fragility).
 EWMA_ALPHA = 1.0 / 64
+# Smallest share of the pool's requests a router assumes it carries (at most 64 routers' worth).
+MIN_SHARE = 1.0 / 64
 
 
 def _fragility(output_tokens: float) -> float:
@@ -100,29 +102,32 @@ class TidegatePolicy:
     def _output(self, request: RequestFeatures) -> float:
         return float(request.max_tokens) if request.max_tokens else self._mean_output
 
-    def _others_share(self, cands: list[RouteInfo]) -> float:
-        """The share of the table's in-flight requests that are *not* this router's: 1 - own
-        in-flight / (running + waiting) summed over the pool (one replica's noise does not
-        decide), clamped to [0, 1]. About 0 with one router, about 1 - 1/N with N alike."""
-        table = sum(e.running + e.waiting for e in cands)
-        if table <= 0:
-            return 0.0
+    def _own_share(self, cands: list[RouteInfo]) -> float:
+        """This router's share of the pool's in-flight requests: its own in-flight count over the
+        table's running + waiting, both summed over the pool (one replica's noise does not
+        decide), clamped to [MIN_SHARE, 1]. About 1 with one router, about 1/N with N alike."""
+        table = sum(max(0, e.running) + max(0, e.waiting) for e in cands)
         own = sum(o.waiting + o.decoding for o in self._own.values())
-        return max(0.0, 1.0 - own / table)
+        if table <= 0 or own <= 0:
+            return 1.0
+        return min(1.0, max(MIN_SHARE, own / table))
 
-    def _load(self, e: RouteInfo, others: float) -> ReplicaLoad:
-        """This router's own in-flight work (exact and fresh, but only its share) plus the others'
-        share of the table's figures (everyone's, but up to a report old). Other routers'
-        requests are assumed to look like this router's (mean prefill, mean fragility)."""
+    def _load(self, e: RouteInfo, share: float) -> ReplicaLoad:
+        """This router's own in-flight work, scaled up to the whole pool's: own / share.
+
+        Own counts are exact and fresh but only this router's part; the table counts everyone's
+        but is a report (1 s) plus a publish old, older than a queue of prefills takes to move.
+        With the requests spread evenly over N routers that run this same pick, every router
+        sees the same mix and makes the same kind of choices (the same prefix homes above all),
+        so the pool's load on a replica is about N times this router's. KV, which moves slowly,
+        takes the larger of that and the table's figure."""
         own = self._own.get(e.replica_id) or _Own()
-        waiting_others = others * max(0, e.waiting)
-        running_others = others * max(0, e.running)
-        queued = own.queued + waiting_others * self._mean_prefill
-        decoding = own.decoding + running_others
-        fragility = own.fragility + (waiting_others + running_others) * self._mean_fragility
+        scale = 1.0 / share
         cap = float(max(0, e.kv_capacity_tokens))
-        kv_used = max(own.kv, cap - max(0, e.kv_free_tokens)) if cap > 0 else own.kv
-        return ReplicaLoad(queued, decoding, kv_used, cap, fragility)
+        kv_used = max(own.kv * scale, cap - max(0, e.kv_free_tokens)) if cap > 0 else own.kv * scale
+        # Others' sequences there: as many as ours times (scale - 1), as fragile as the average.
+        fragility = own.fragility + (scale - 1.0) * (own.waiting + own.decoding) * self._mean_fragility
+        return ReplicaLoad(own.queued * scale, own.decoding * scale, kv_used, cap, fragility)
 
     def _rates(self, snapshot: PoolSnapshot) -> dict[str, Rates]:
         """Rates and KV capacities change only with the table: computed once per table object."""
@@ -145,8 +150,8 @@ class TidegatePolicy:
         rates = self._rates(snapshot)
         out = self._output(request)
         remaining = max(1.0, self._mean_output / 2)
-        others = self._others_share(cands)
-        return [predict(e.replica_id, self._load(e, others), rates[e.replica_id], request.prompt_tokens,
+        share = self._own_share(cands)
+        return [predict(e.replica_id, self._load(e, share), rates[e.replica_id], request.prompt_tokens,
                         self._index.cached_tokens(e.replica_id, blocks), out, remaining, slo.ttft_s, slo.tpot_s)
                 for e in cands]
 
