@@ -33,7 +33,6 @@ from controlplane.metrics import Metrics
 from controlplane.publisher import TablePublisher
 from controlplane.slo import PoolSlos, ScaleReporter
 from controlplane.telemetry import TelemetryService
-from controlplane.term import Term
 from controlplane.telemetry_auth import (
     DEFAULT_ALLOWED_NETWORKS,
     NO_CREDENTIALS,
@@ -41,6 +40,7 @@ from controlplane.telemetry_auth import (
     CredentialsFile,
     TelemetryAccess,
 )
+from controlplane.term import Term
 from tidegate import codec, config, keys, logs
 from tidegate.errors import StoreError
 from tidegate.policy.continuity import ContinuityConfig
@@ -188,7 +188,7 @@ class ControlPlane:
         self.id = cp_id
         self.metrics = Metrics()
         self.fleet = FleetState(policy, now=time.monotonic, fault_policy=fault_policy)
-        self.store = EtcdStore(cfg.etcd, timeout_s=cfg.etcd_timeout_s)
+        self.store = EtcdStore(cfg.etcd, timeout_s=cfg.etcd_timeout_s, security=cfg.etcd_security())
         self.publisher = TablePublisher(self.store, cp_id, metrics=self.metrics,
                                         on_fenced=lambda reason: self.leadership.step_down("fenced"))
         self.term = Term(self.fleet, self.publisher,
@@ -227,7 +227,7 @@ class ControlPlane:
         value = codec.encode(records_pb2.LeaderRecord(controlplane_id=self.id, admin_address=self.address,
                                                       elected_at=ts))
         return Election(self.cfg.etcd, keys.ELECTION, value, ttl_s=self.cfg.election_ttl_s,
-                        timeout_s=self.cfg.etcd_timeout_s)
+                        timeout_s=self.cfg.etcd_timeout_s, security=self.cfg.etcd_security())
 
     def _elected(self) -> None:
         self.publisher.reset()

@@ -40,6 +40,7 @@ from tidegate import keys, logs
 from tidegate.config import ConfigBase, ConfigError, EtcdFields, add_flags, load
 from tidegate.errors import StoreError
 from tidegate.policy import registry
+from tidegate.policy.registry import SloTargets
 from tidegate.store.api import Store
 from tidegate.store.etcd import EtcdStore
 from tidegate.store.lease import LeaseKeeper
@@ -78,14 +79,21 @@ class RouterConfig(ConfigBase, EtcdFields):
                                 description="Deepest JSON nesting accepted in a request body (400 above).")
     shutdown_grace_s: float = Field(5.0, ge=0, description="On SIGTERM, how long in-flight requests may finish.")
     seed: int | None = Field(None, description="Seed of the replica picker's RNG (reproducible runs).")
-    policy: str = Field("tidegate", description="Routing policy, by name: tidegate (weights from the control plane "
-                                                "and this router's in-flight counts) or a baseline "
+    policy: str = Field("tidegate", description="Routing policy, by name: tidegate (predicted TTFT/TPOT from load "
+                                                "in tokens, with prefix-cache affinity) or a baseline "
                                                 "(see tidegate/policy/baselines/README.md).")
 
     trust_priority_header: bool = Field(
         False, description="Read each request's priority class (critical, standard, sheddable) from its "
         "x-tidegate-priority header; a bad value is a 400. Only behind a gateway that sets or strips that "
         "header: otherwise any client could promote itself. Off: every request is standard.")
+
+    default_slo_ttft_s: float = Field(
+        2.0, gt=0, description="TTFT target, seconds, for pools without an SLO of their own (tidegate pool "
+        "set-slo): the tidegate policy picks the replica predicted to meet it at the least cost.")
+    default_slo_tpot_s: float = Field(
+        0.1, gt=0, description="TPOT (time per output token) target, seconds, for pools without an SLO of "
+        "their own; the tidegate policy spares decoders whose TPOT a placement would break.")
 
     @field_validator("policy")
     @classmethod
@@ -169,7 +177,8 @@ async def serve(cfg: RouterConfig) -> int:
                   ProxySettings(max_retries=cfg.max_retries, first_byte_timeout_s=cfg.first_byte_timeout_s,
                                 policy=cfg.policy, body_timeout_s=cfg.body_timeout_s,
                                 max_json_depth=cfg.max_json_depth,
-                                trust_priority_header=cfg.trust_priority_header))
+                                trust_priority_header=cfg.trust_priority_header,
+                                default_slo=SloTargets(ttft_s=cfg.default_slo_ttft_s, tpot_s=cfg.default_slo_tpot_s)))
     app = build_app(proxy, tables, metrics, router_id, cfg.max_body_bytes)
     door = FrontDoor(FrontDoorLimits(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
                                      keepalive_timeout_s=cfg.keepalive_timeout_s,

@@ -41,6 +41,7 @@ from router.reqclass import BadHeader, RequestClass, classify
 from router.tables import PoolTable, RoutingTables
 from tidegate.policy import registry
 from tidegate.policy.pick import RequestFeatures
+from tidegate.policy.registry import SloTargets
 
 log = structlog.get_logger(__name__)
 
@@ -68,6 +69,7 @@ class ProxySettings:
     body_timeout_s: float = 30.0    # to read a request's whole body once its headers are in (408)
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     trust_priority_header: bool = False  # read x-tidegate-priority (else every request is standard)
+    default_slo: SloTargets | None = None  # for pools without an SLO of their own (None: the policy's)
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,7 @@ class Proxy:
         request[_POOL] = table.pool
         try:
             rclass = classify(request.headers, trust_priority=self._settings.trust_priority_header,
-                              pool_slo=table.slo)
+                              pool_slo=table.slo or self._settings.default_slo)
         except BadHeader as exc:
             return json_error(400, str(exc), "invalid_request_error", param=exc.header, code=exc.error_code)
         request[_CLASS] = rclass.name

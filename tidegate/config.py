@@ -20,10 +20,13 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from tidegate.store.etcdsec import EtcdSecurity
 
 ENV_PREFIX = "TIDEGATE_"
 
@@ -76,11 +79,51 @@ class EtcdFields(BaseModel):
         (), description="etcd endpoints, comma-separated host:port (e.g. 127.0.0.1:2379,10.0.0.2:2379)."
     )
     etcd_timeout_s: float = Field(2.0, gt=0, description="Timeout of each etcd call, seconds.")
+    etcd_ca_file: str = Field("", description="CA certificate(s) that signed etcd's server certificate; "
+                              "turns on TLS to etcd.")
+    etcd_cert_file: str = Field("", description="Client certificate for etcd (etcd --client-cert-auth); with etcd "
+                                "auth on and no --etcd-user, etcd takes its common name as the user.")
+    etcd_key_file: str = Field("", description="Private key of --etcd-cert-file.")
+    etcd_user: str = Field("", description="etcd user (etcd auth); its password comes from --etcd-password-file.")
+    etcd_password_file: str = Field("", description="File holding the password of --etcd-user.")
 
     @field_validator("etcd", mode="before")
     @classmethod
     def _endpoints(cls, v: Any) -> tuple[str, ...]:
         return parse_endpoints(v)
+
+    @field_validator("etcd_ca_file", "etcd_cert_file", "etcd_key_file", "etcd_password_file")
+    @classmethod
+    def _readable(cls, v: str) -> str:
+        if v and not os.access(v, os.R_OK):
+            raise ValueError(f"{v} is not a readable file")
+        return v
+
+    @model_validator(mode="after")
+    def _etcd_pairs(self) -> EtcdFields:
+        if bool(self.etcd_cert_file) != bool(self.etcd_key_file):
+            raise ValueError("etcd_cert_file and etcd_key_file go together")
+        if bool(self.etcd_user) != bool(self.etcd_password_file):
+            raise ValueError("etcd_user and etcd_password_file go together")
+        return self
+
+    def etcd_security(self) -> EtcdSecurity | None:
+        """How to reach etcd (TLS, client certificate, user); None for plain, unauthenticated etcd."""
+        from tidegate.store.etcdsec import EtcdSecurity
+
+        if not (self.etcd_ca_file or self.etcd_cert_file or self.etcd_user):
+            return None
+        password = Path(self.etcd_password_file).read_text().strip() if self.etcd_password_file else ""
+        return EtcdSecurity(ca_file=self.etcd_ca_file, cert_file=self.etcd_cert_file, key_file=self.etcd_key_file,
+                            user=self.etcd_user, password=password)
+
+    def etcd_security_argv(self) -> list[str]:
+        """The flags that pass this etcd security on to a child process (never the password itself)."""
+        out: list[str] = []
+        for name in ("etcd_ca_file", "etcd_cert_file", "etcd_key_file", "etcd_user", "etcd_password_file"):
+            if getattr(self, name):
+                out += [_flag(name), getattr(self, name)]
+        return out
 
 
 # ---------------------------------------------------------------- argparse glue

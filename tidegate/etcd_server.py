@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -123,6 +124,11 @@ class EmbeddedEtcd:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    _scheme = "http"  # of the client URL (tidegate.etcd_secure serves https)
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        return None
+
     def _argv(self) -> list[str]:
         base = find_etcd_binary()
         cp, pp = self._client_port, self._peer_port
@@ -169,7 +175,7 @@ class EmbeddedEtcd:
 
     def _wait_healthy(self, timeout_s: float) -> None:
         assert self._proc is not None and self._log_path is not None
-        url = f"http://{self.endpoint}/health"
+        url = f"{self._scheme}://{self.endpoint}/health"
         deadline = time.monotonic() + timeout_s
         last = "no answer"
         while time.monotonic() < deadline:
@@ -179,7 +185,7 @@ class EmbeddedEtcd:
                     f"etcd exited with code {rc} during start; log tail:\n{_tail(self._log_path)}"
                 )
             try:
-                with urllib.request.urlopen(url, timeout=0.5) as resp:  # noqa: S310 (loopback)
+                with urllib.request.urlopen(url, timeout=0.5, context=self._ssl_context()) as resp:  # noqa: S310
                     body = json.loads(resp.read())
                 if str(body.get("health")) == "true":
                     return

@@ -363,3 +363,27 @@ async def test_router_feeds_every_policy_hook(engines, monkeypatch, refused_port
         await r.read()
     assert fake.calls == [("dispatch", "a"), ("complete", "a"),
                           ("dispatch", "b"), ("first_token", "b"), ("complete", "b")]
+
+
+class FakeSloPolicy(FakeHookPolicy):
+    def __init__(self) -> None:
+        super().__init__()
+        self.slos: list = []
+
+    def pick(self, snapshot, request, rng):
+        self.slos.append(snapshot.slo)
+        return super().pick(snapshot, request, rng)
+
+
+async def test_pools_without_an_slo_get_the_routers_default(engines, monkeypatch):
+    from tidegate.policy import registry
+    from tidegate.policy.registry import SloTargets
+
+    fake = FakeSloPolicy()
+    monkeypatch.setattr(registry, "create", lambda name: fake)
+    tables = RoutingTables()
+    set_table(tables, "m", [("a", engines[0].url, 1.0)])
+    default = SloTargets(ttft_s=0.5, tpot_s=0.05)
+    async with Router(tables, default_slo=default) as client:
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    assert fake.slos == [default]

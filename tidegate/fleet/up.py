@@ -142,6 +142,8 @@ class Fleet:
             self.etcd_endpoints = (self.etcd.endpoint,)
             log.info("etcd_started", endpoint=self.etcd.endpoint, embedded=True)
         etcd = ",".join(self.etcd_endpoints)
+        # An external etcd may need TLS and credentials; the embedded one listens on loopback only.
+        etcd_access = ["--etcd", etcd, *(cfg.etcd_security_argv() if self.etcd is None else [])]
 
         tokens, tokens_file = write_tokens(self.run_dir)
         rids = [f"replica-{i}" for i in range(cfg.replicas)]
@@ -153,7 +155,7 @@ class Fleet:
         cps = []
         for i in range(cfg.controlplanes):
             cps.append(self._child(
-                f"controlplane-{i}", "controlplane", "--etcd", etcd, "--listen", "127.0.0.1:0",
+                f"controlplane-{i}", "controlplane", *etcd_access, "--listen", "127.0.0.1:0",
                 "--id", f"cp-{i}", *auth, *self._common()))
         cp_addrs = [f"127.0.0.1:{c.wait_port()}" for c in cps]
 
@@ -176,7 +178,7 @@ class Fleet:
                              "sim_pid": sim.pid, "agent_pid": agent.pid})
 
         router = self._child(
-            "router", "router", "--etcd", etcd, "--port", str(cfg.router_port), "--region", cfg.region,
+            "router", "router", *etcd_access, "--port", str(cfg.router_port), "--region", cfg.region,
             "--router-id", "router-0", *self._common())
         router_url = f"http://127.0.0.1:{router.wait_port()}"
 

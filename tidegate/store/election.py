@@ -25,6 +25,7 @@ from tidegate.etcdapi import v3election_pb2 as pb
 from tidegate.etcdapi import v3election_pb2_grpc as pb_grpc
 from tidegate.store.api import Fence, LeaseNotFoundError
 from tidegate.store.etcd import EtcdStore
+from tidegate.store.etcdsec import EtcdSecurity
 from tidegate.store.watchcache import full_jitter
 
 log = structlog.get_logger(__name__)
@@ -40,10 +41,11 @@ class Election:
         timeout_s: float = 2.0,
         *,
         rng: random.Random | None = None,
+        security: EtcdSecurity | None = None,
     ) -> None:
         if ttl_s < 1:
             raise ValueError("ttl_s must be >= 1")
-        self._store = EtcdStore(endpoints, timeout_s=timeout_s)
+        self._store = EtcdStore(endpoints, timeout_s=timeout_s, security=security)
         self._name = name.encode()
         self._value = value
         self._ttl_s = ttl_s
@@ -72,7 +74,6 @@ class Election:
     def step_down(self, reason: str) -> None:
         """Ends this term now (a fenced write failed: someone else leads, or our key is gone)."""
         self._step_down(reason, self._lease_id)
-
 
     async def _connect(self) -> pb_grpc.ElectionStub:
         if self._stub is None:

@@ -28,6 +28,7 @@ import structlog
 
 from tidegate.errors import CompactedError, StoreError
 from tidegate.store.api import Fence, FencedError, KeyValue, LeaseNotFoundError, Listing, WatchEvent
+from tidegate.store.etcdsec import EtcdSecurity, secure
 
 log = structlog.get_logger(__name__)
 
@@ -118,11 +119,13 @@ def _kv(kv: Any) -> KeyValue:
 class EtcdStore:
     """The `Store` protocol over etcd. Create, `await connect()`, use, `await close()`."""
 
-    def __init__(self, endpoints: Sequence[str], timeout_s: float = 2.0) -> None:
+    def __init__(self, endpoints: Sequence[str], timeout_s: float = 2.0, *,
+                 security: EtcdSecurity | None = None) -> None:
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e.strip()]
         self._endpoints = list(endpoints)
         self._timeout_s = timeout_s
+        self._security = security
         self._client: aetcd.Client | None = None
 
     @property
@@ -142,6 +145,8 @@ class EtcdStore:
                               options=dict(CHANNEL_OPTIONS))
         try:
             await client.connect()  # builds the channel and stubs; no round trip
+            if self._security is not None:
+                await secure(client, f"{host}:{port}", self._security, dict(CHANNEL_OPTIONS), self._timeout_s)
         except _ERRORS as e:
             raise _rpc_error(e) from e
         self._client = client
