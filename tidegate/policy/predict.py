@@ -94,6 +94,20 @@ class Prediction:
     kv_wait_s: float        # part of ttft_s spent waiting for KV room
     stall_tpot_s: float     # TPOT its prefill adds, summed over the sequences decoding meanwhile
     cost: float             # SLO budget the placement consumes (see predict)
+    # Inputs of admission's TPOT protection (tidegate/policy/admission.py):
+    queued_prefill: float = 0.0         # prefill tokens already outstanding there (ahead of it)
+    prefill_budget: float = math.inf    # outstanding prefill tokens one step may carry within the TPOT target
+    prefill_tps: float = 0.0            # the replica's prefill rate
+
+
+def prefill_budget(rates: Rates, decoding: float, tpot_slo_s: float) -> float:
+    """Prefill tokens one step may carry and still last at most the TPOT target, with `decoding`
+    sequences in its batch: (tpot - step_s(decoding)) x prefill_tps, >= 0.
+
+    The engine puts everything outstanding (up to CHUNK_TOKENS) into its next step, so keeping a
+    replica's outstanding prefill within this bound keeps every step, hence every decoder's TPOT,
+    within the target."""
+    return max(0.0, (tpot_slo_s - rates.step_s(max(0.0, decoding))) * rates.prefill_tps)
 
 
 def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int, cached_tokens: int,
@@ -135,4 +149,5 @@ def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int
     tpot = rates.step_s(batch + 1) + prefill_s / remaining
     stall = own / rates.prefill_tps * max(0.0, load.fragility)
     cost = ttft / ttft_slo_s + stall / tpot_slo_s
-    return Prediction(replica_id, cached, own, ttft, tpot, kv_wait, stall, cost)
+    return Prediction(replica_id, cached, own, ttft, tpot, kv_wait, stall, cost, max(0.0, load.queued_prefill),
+                      prefill_budget(rates, batch + 1, tpot_slo_s), rates.prefill_tps)

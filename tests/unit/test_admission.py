@@ -1,0 +1,236 @@
+"""Admission decisions (tidegate/policy/admission.py): tables of arrivals and held requests, and
+properties (never past a full queue, class order, never held past the max wait, deterministic)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidegate.policy import admission as adm
+from tidegate.policy.admission import (
+    DEADLINE_UNMEETABLE,
+    DISPATCH,
+    HOLD,
+    QUEUE_FULL,
+    QUEUE_TIMEOUT,
+    REJECT,
+    SHED,
+    AdmissionConfig,
+    AdmissionQueue,
+    ClassLimits,
+    Placement,
+    placement,
+)
+from tidegate.policy.predict import Prediction, Rates, ReplicaLoad, predict, prefill_budget
+
+OPEN = frozenset({"r0"})
+
+
+def place(ttft: float = 0.5, open_: frozenset[str] = OPEN, open_ttft: float | None = None, tps: float = 10_000.0,
+          tokens: float = 1000.0) -> Placement:
+    return Placement(ttft, open_, ttft if open_ttft is None else open_ttft, tps, tokens)
+
+
+def cfg(queue: int = 8, wait: float = 30.0, guard: bool = True) -> AdmissionConfig:
+    return AdmissionConfig({c: ClassLimits(queue, wait) for c in ("critical", "standard", "sheddable")}, guard)
+
+
+def held(q: AdmissionQueue, cls: str, key: str, tokens: float = 1000.0, now: float = 0.0) -> None:
+    """Holds a request: nothing open, TTFT fits."""
+    d = q.arrive(key, cls, now, now + 2.0, place(0.1, frozenset(), tokens=tokens))
+    assert d.action == HOLD, d
+
+
+# ---------------------------------------------------------------- arrivals (table)
+
+@pytest.mark.parametrize(("case", "setup", "cls", "p", "action", "reason"), [
+    ("fits: dispatch", [], "standard", place(0.5), DISPATCH, ""),
+    ("ttft beyond the deadline, empty queue", [], "critical", place(2.5), REJECT, DEADLINE_UNMEETABLE),
+    ("no replica open for it (TPOT budget): hold", [], "standard", place(0.5, frozenset()), HOLD, ""),
+    ("open replica too slow, another fits: hold", [], "standard", place(0.5, OPEN, 2.5), HOLD, ""),
+    ("same class held ahead: hold behind it", [("standard", 1000)], "standard", place(0.5), HOLD, ""),
+    ("lower class held: dispatch past it", [("sheddable", 1000)], "standard", place(0.5), DISPATCH, ""),
+    ("higher class ahead pushes it past its deadline: shed", [("critical", 16_000)], "sheddable",
+     place(0.5), REJECT, SHED),
+    ("own class ahead pushes it past its deadline", [("standard", 16_000)], "standard",
+     place(0.5), REJECT, DEADLINE_UNMEETABLE),
+    ("queue of its class full", [("sheddable", 10)] * 2, "sheddable", place(0.5), REJECT, QUEUE_FULL),
+    ("another class's full queue does not matter", [("sheddable", 10)] * 2, "critical", place(0.5), DISPATCH, ""),
+    ("nothing can serve it", [], "critical", placement([]), REJECT, DEADLINE_UNMEETABLE),
+])
+def test_arrival(case: str, setup: list, cls: str, p: Placement, action: str, reason: str) -> None:
+    q = AdmissionQueue(cfg(queue=2))
+    for i, (c, tokens) in enumerate(setup):
+        held(q, c, f"h{i}", tokens)
+    d = q.arrive("new", cls, 0.0, 2.0, p)
+    assert (d.action, d.reason) == (action, reason), case
+    if action == REJECT:
+        assert adm.RETRY_AFTER_MIN_S <= d.retry_after_s <= adm.RETRY_AFTER_MAX_S
+        assert "new" not in q
+    if action == DISPATCH:
+        assert d.open == p.open
+
+
+def test_zero_length_queue_never_holds() -> None:
+    q = AdmissionQueue(AdmissionConfig({"critical": ClassLimits(4, 1.0), "standard": ClassLimits(0, 1.0),
+                                        "sheddable": ClassLimits(4, 0.0)}))
+    assert q.arrive("a", "standard", 0, 2, place(0.5, frozenset())).reason == QUEUE_FULL
+    assert q.arrive("b", "sheddable", 0, 2, place(0.5, frozenset())).reason == QUEUE_FULL
+    assert q.arrive("c", "critical", 0, 2, place(0.5, frozenset())).action == HOLD
+
+
+# ---------------------------------------------------------------- held requests (table)
+
+def test_head_goes_in_class_order_then_fifo() -> None:
+    q = AdmissionQueue(cfg())
+    for key, cls in [("s1", "sheddable"), ("d1", "standard"), ("c1", "critical"), ("d2", "standard"),
+                     ("c2", "critical")]:
+        held(q, cls, key)
+    order = []
+    while len(q):
+        h, d = q.try_head(0.1, place(0.5))  # type: ignore[misc]
+        assert d.action == DISPATCH
+        order.append(h.key)
+    assert order == ["c1", "c2", "d1", "d2", "s1"]
+
+
+@pytest.mark.parametrize(("case", "now", "p", "action", "reason"), [
+    ("capacity freed: dispatch", 0.5, place(0.5), DISPATCH, ""),
+    ("still no open replica: hold", 0.5, place(0.5, frozenset()), HOLD, ""),
+    ("waited until the TTFT cannot fit", 1.8, place(0.5, frozenset()), REJECT, DEADLINE_UNMEETABLE),
+    ("past the max wait", 5.0, place(0.1), REJECT, QUEUE_TIMEOUT),
+])
+def test_try_head(case: str, now: float, p: Placement, action: str, reason: str) -> None:
+    q = AdmissionQueue(AdmissionConfig({c: ClassLimits(4, 3.0) for c in ("critical", "standard", "sheddable")}))
+    q.arrive("a", "standard", 0.0, 10.0 if reason == QUEUE_TIMEOUT else 2.0, place(0.1, frozenset()))
+    h, d = q.try_head(now, p)  # type: ignore[misc]
+    assert (d.action, d.reason) == (action, reason), case
+    assert ("a" in q) == (action == HOLD)
+
+
+def test_sweep_sheds_lower_class_displaced_by_higher() -> None:
+    q = AdmissionQueue(cfg())
+    held(q, "sheddable", "s", tokens=1000)      # 0.1 s of pool prefill at 10k tokens/s
+    held(q, "critical", "c", tokens=19_000)     # now 1.9 s ahead of the sheddable one
+    out = q.sweep(0.1)
+    assert [(h.key, d.reason) for h, d in out] == [("s", SHED)]
+    assert "c" in q and "s" not in q
+
+
+def test_sweep_times_out_and_remove_forgets() -> None:
+    q = AdmissionQueue(AdmissionConfig({c: ClassLimits(4, 1.0) for c in ("critical", "standard", "sheddable")}))
+    held(q, "standard", "a")
+    held(q, "standard", "b", now=0.5)
+    assert q.remove("b") and not q.remove("b")
+    assert [(h.key, d.reason) for h, d in q.sweep(1.0)] == [("a", QUEUE_TIMEOUT)]
+    assert len(q) == 0 and q.next_expiry() is None
+
+
+def test_pump_dispatches_until_held_and_rejects() -> None:
+    q = AdmissionQueue(cfg())
+    for k in ("a", "b", "c"):
+        held(q, "standard", k)
+    sent: list[str] = []
+    opened = iter([place(0.5), place(0.5), place(0.5, frozenset())])
+    adm.pump(q, 0.2, lambda h: next(opened), lambda h, d: sent.append(h.key), lambda h, d: pytest.fail("reject"))
+    assert sent == ["a", "b"] and len(q) == 1
+    adm.pump(q, 0.3, lambda h: place(0.5), lambda h, d: sent.append(h.key), lambda h, d: None, max_dispatch=0)
+    assert sent == ["a", "b"]
+
+
+# ---------------------------------------------------------------- placement and the prefill budget
+
+def _pred(rid: str, ttft: float, queued: float, own: int, budget: float) -> Prediction:
+    return Prediction(rid, 0, own, ttft, 0.05, 0.0, 0.0, 1.0, queued, budget, 40_000.0)
+
+
+def test_placement_opens_replicas_within_their_prefill_budget() -> None:
+    preds = [_pred("idle-big", 0.9, 0.0, 8000, 4000.0),      # nothing outstanding: takes anything
+             _pred("fits", 0.3, 1000.0, 2000, 4000.0),
+             _pred("over", 0.2, 3000.0, 2000, 4000.0)]
+    p = placement(preds)
+    assert p.open == {"idle-big", "fits"} and p.ttft_s == 0.2 and p.open_ttft_s == 0.3
+    assert p.prefill_tps == 120_000.0
+    assert placement(preds, tpot_guard=False).open == {"idle-big", "fits", "over"}
+
+
+def test_prefill_budget_from_the_step_model() -> None:
+    rates = Rates(prefill_tps=48_000.0, step_base_s=0.0074, step_per_seq_s=0.0001)
+    # (0.1 - (7.4 + 20 * 0.1) ms) * 48k/s = 4348.8 tokens
+    assert prefill_budget(rates, 20, 0.1) == pytest.approx(4348.8)
+    assert prefill_budget(rates, 5000, 0.1) == 0.0  # the batch alone breaks the target
+    p = predict("r", ReplicaLoad(1000.0, 19.0, 0.0, 0.0), rates, 500, 0, 100, 50, 2.0, 0.1)
+    assert p.queued_prefill == 1000.0 and p.prefill_budget == pytest.approx(4348.8)
+
+
+def test_config_from_text() -> None:
+    c = adm.config_from_text("critical=100,sheddable=5", "500ms", tpot_guard=False)
+    assert c.limits["critical"] == ClassLimits(100, 0.5) and c.limits["sheddable"].max_queue == 5
+    assert c.limits["standard"].max_queue == AdmissionConfig().limits["standard"].max_queue
+    assert not c.tpot_guard
+    for bad in ("critical=1,critical=2", "urgent=3", "-1", "x"):
+        with pytest.raises(ValueError, match="admission"):
+            adm.config_from_text(bad, "1s")
+
+
+# ---------------------------------------------------------------- properties
+
+CLASS = st.sampled_from(["critical", "standard", "sheddable"])
+STEP = st.tuples(
+    st.sampled_from(["arrive", "arrive", "pump", "remove"]), CLASS,
+    st.floats(0.0, 0.5),                       # time advance
+    st.floats(0.01, 3.0),                      # predicted TTFT
+    st.booleans(),                             # a replica open
+    st.floats(100.0, 20_000.0),                # prefill tokens
+)
+
+
+def _run(steps: list, queue_len: int, wait: float) -> list[tuple]:
+    q = AdmissionQueue(cfg(queue=queue_len, wait=wait))
+    now = 0.0
+    log: list[tuple] = []
+    arrived: dict[str, tuple[str, float]] = {}
+    n = 0
+    for kind, cls, dt, ttft, is_open, tokens in steps:
+        now += dt
+        p = place(ttft, OPEN if is_open else frozenset(), tokens=tokens)
+        if kind == "arrive":
+            key = f"k{n}"
+            n += 1
+            before = q.lengths()[cls]
+            d = q.arrive(key, cls, now, now + 2.0, p)
+            arrived[key] = (cls, now)
+            log.append((key, d.action, d.reason))
+            # never holds past a full queue
+            assert q.lengths()[cls] <= queue_len
+            if before >= queue_len:
+                assert d.action != HOLD
+        elif kind == "remove" and len(q):
+            h = next(iter(q.held()))
+            assert q.remove(h.key)
+            log.append((h.key, "removed"))
+        else:
+            dispatched: list[str] = []
+
+            def on_dispatch(h, d, dispatched=dispatched) -> None:  # noqa: ANN001
+                # class order: nothing of a higher class is still held when a lower one goes
+                assert all(adm.class_rank(o.cls) >= adm.class_rank(h.cls) for o in q.held())
+                dispatched.append(h.key)
+
+            adm.pump(q, now, lambda h, p=p: p, on_dispatch, lambda h, d: log.append((h.key, d.action, d.reason)))
+            log.extend((k, DISPATCH) for k in dispatched)
+        # nobody is held past its max wait (as of the last pump / sweep)
+        for h in q.held():
+            assert h.arrival_s + wait == pytest.approx(h.expire_s)
+        for h, d in q.sweep(now):
+            log.append((h.key, d.action, d.reason))
+            assert d.reason != QUEUE_TIMEOUT or now >= h.expire_s
+        assert all(now < h.expire_s for h in q.held())
+    return log
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(STEP, max_size=40), st.integers(0, 4), st.floats(0.1, 3.0))
+def test_properties_hold_and_runs_are_deterministic(steps: list, queue_len: int, wait: float) -> None:
+    assert _run(steps, queue_len, wait) == _run(steps, queue_len, wait)

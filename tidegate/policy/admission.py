@@ -1,0 +1,322 @@
+"""Admission at the router: dispatch now, hold in a bounded per-class queue, or reject with a reason.
+
+Pure: predictions, the request's class and deadline, and an injected `now` in; a decision out.
+The queue object holds only what it is given (no clock, no I/O, no RNG), so the live router
+(asyncio) and the virtual-time simulator run the same code. Formulas and reasons: README.md,
+"Admission".
+
+Inputs per request, from the `tidegate` pick's predictions (predict.py) on every candidate:
+its predicted TTFT there, the prefill tokens already outstanding there and that replica's
+prefill budget (what one step may carry within the TPOT target: TPOT protection).
+
+    open         = {r : queued_r == 0  or  queued_r + prefill_r <= budget_r}     (guard on)
+    ttft_best    = min_r TTFT_r;    ttft_open = min_{r in open} TTFT_r
+    ahead_k      = prefill tokens queued here of class k, before the request
+    wait(S)      = sum_{k in S} ahead_k / sum_r prefill_tps_r      (the pool drains the queue)
+    remaining    = deadline - now
+
+On arrival of a request of class c:
+1. nothing of class >= c is queued, `open` not empty and ttft_open <= remaining -> dispatch;
+2. wait({c}) + ttft_best > remaining                 -> reject `deadline_unmeetable`;
+3. wait({k >= c}) + ttft_best > remaining            -> reject `shed` (higher classes are ahead);
+4. its class queue holds max_queue[c]                 -> reject `queue_full`;
+5. otherwise hold it.
+
+While held (`sweep`, then `try_head`, whenever capacity may have freed): past its max wait ->
+`queue_timeout`; its predicted TTFT from its place (the same wait + its last predicted TTFT) past
+its deadline -> `shed` when it would fit without the higher classes ahead of it, else
+`deadline_unmeetable`. The head (class order, FIFO within a class) is dispatched once a replica
+is open for it and its TTFT there fits the remaining deadline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tidegate.policy.classes import CLASSES, CRITICAL, SHEDDABLE, STANDARD
+from tidegate.policy.predict import Prediction
+
+DISPATCH, HOLD, REJECT = "dispatch", "hold", "reject"
+QUEUE_FULL, DEADLINE_UNMEETABLE, SHED, QUEUE_TIMEOUT = "queue_full", "deadline_unmeetable", "shed", "queue_timeout"
+REASONS = (QUEUE_FULL, DEADLINE_UNMEETABLE, SHED, QUEUE_TIMEOUT)
+# Retry-After bounds, seconds (HTTP wants whole seconds; beyond a minute the estimate means little).
+RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60
+_RANK = {name: i for i, name in enumerate(CLASSES)}  # 0 = served first
+
+
+@dataclass(frozen=True)
+class ClassLimits:
+    max_queue: int          # requests of the class held at once (0: never hold one)
+    max_wait_s: float       # longest a request of the class is held
+
+    def __post_init__(self) -> None:
+        if self.max_queue < 0 or not (self.max_wait_s >= 0 and math.isfinite(self.max_wait_s)):
+            raise ValueError("admission: max_queue must be >= 0 and max_wait_s finite and >= 0")
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """Per-class queue bounds and whether TPOT protection (the prefill budget) holds requests."""
+
+    limits: Mapping[str, ClassLimits] = field(default_factory=lambda: {
+        CRITICAL: ClassLimits(1024, 30.0), STANDARD: ClassLimits(1024, 30.0), SHEDDABLE: ClassLimits(1024, 30.0)})
+    tpot_guard: bool = True
+
+    def __post_init__(self) -> None:
+        if set(self.limits) != set(CLASSES):
+            raise ValueError(f"admission: limits needed for exactly the classes {', '.join(CLASSES)}")
+
+
+def parse_class_values(text: str, what: str, unit: str = "") -> dict[str, float]:
+    """'100' (every class) or 'critical=100,standard=50,sheddable=10' (the others keep no value).
+    `unit` 's': values may end in 's' or 'ms'. Raises ValueError naming `what`."""
+    out: dict[str, float] = {}
+
+    def number(raw: str) -> float:
+        t = raw.strip().lower()
+        scale = 1.0
+        if unit == "s" and t.endswith("ms"):
+            t, scale = t[:-2], 0.001
+        elif unit == "s" and t.endswith("s"):
+            t = t[:-1]
+        try:
+            v = float(t) * scale
+        except ValueError:
+            raise ValueError(f"{what}: {raw.strip()!r} is not a number") from None
+        if not (v >= 0 and math.isfinite(v)):
+            raise ValueError(f"{what}: {raw.strip()!r} must be finite and >= 0")
+        return v
+
+    text = text.strip()
+    if "=" not in text:
+        v = number(text)
+        return dict.fromkeys(CLASSES, v)
+    for item in text.split(","):
+        name, _, raw = item.partition("=")
+        name = name.strip().lower()
+        if name not in _RANK or name in out:
+            raise ValueError(f"{what}: {item.strip()!r}: want CLASS=VALUE, each of {', '.join(CLASSES)} at most once")
+        out[name] = number(raw)
+    return out
+
+
+def config_from_text(queue: str, wait: str, tpot_guard: bool = True) -> AdmissionConfig:
+    """From the router's / simulator's flags (see parse_class_values); unnamed classes keep the defaults."""
+    base = AdmissionConfig().limits
+    lengths = parse_class_values(queue, "admission queue length")
+    waits = parse_class_values(wait, "admission max wait", unit="s")
+    limits = {c: ClassLimits(int(lengths.get(c, base[c].max_queue)), waits.get(c, base[c].max_wait_s))
+              for c in CLASSES}
+    return AdmissionConfig(limits=limits, tpot_guard=tpot_guard)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What admission reads of one request's predictions (see `placement`)."""
+
+    ttft_s: float                   # best predicted TTFT over the candidates (inf: none)
+    open: frozenset[str]            # replicas whose prefill budget admits the request now
+    open_ttft_s: float              # best predicted TTFT over `open` (inf: none)
+    prefill_tps: float              # the pool's prefill rate: how fast the router's queue drains
+    prefill_tokens: float           # the request's own uncached prefill where it is best placed
+
+
+def placement(preds: Sequence[Prediction], tpot_guard: bool = True) -> Placement:
+    """From the pick's predictions on every candidate (an empty list: nothing can serve it)."""
+    if not preds:
+        return Placement(math.inf, frozenset(), math.inf, 0.0, 0.0)
+    best = min(preds, key=lambda p: (p.ttft_s, p.replica_id))
+    open_ = [p for p in preds
+             if not tpot_guard or p.queued_prefill <= 0 or p.queued_prefill + p.prefill_tokens <= p.prefill_budget]
+    return Placement(best.ttft_s, frozenset(p.replica_id for p in open_),
+                     min((p.ttft_s for p in open_), default=math.inf),
+                     sum(max(0.0, p.prefill_tps) for p in preds), float(best.prefill_tokens))
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    action: str                     # dispatch | hold | reject
+    reason: str = ""                # for reject: one of REASONS
+    retry_after_s: int = 0          # for reject: the Retry-After header, whole seconds
+    open: frozenset[str] = frozenset()  # for dispatch: replicas the pick may choose from
+
+
+@dataclass(slots=True)
+class Held:
+    key: object
+    cls: str
+    prefill_tokens: float
+    arrival_s: float
+    deadline_s: float               # absolute: arrival + the request's TTFT target
+    expire_s: float                 # absolute: arrival + its class's max wait
+    ttft_s: float                   # its best predicted TTFT, as last predicted
+
+
+def class_rank(cls: str) -> int:
+    return _RANK[cls]
+
+
+class AdmissionQueue:
+    """The router's held requests (one queue per pool), in class order, FIFO within a class."""
+
+    def __init__(self, cfg: AdmissionConfig | None = None) -> None:
+        self.cfg = cfg or AdmissionConfig()
+        self._q: dict[str, deque[Held]] = {c: deque() for c in CLASSES}
+        self._tokens: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
+        self._keys: dict[object, Held] = {}
+        self._rate = 0.0  # the pool's prefill rate, as last predicted
+
+    # ------------------------------------------------------------------ reading
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def lengths(self) -> dict[str, int]:
+        return {c: len(q) for c, q in self._q.items()}
+
+    def held(self) -> Iterator[Held]:
+        """In dispatch order."""
+        for c in CLASSES:
+            yield from self._q[c]
+
+    def head(self) -> Held | None:
+        for c in CLASSES:
+            if self._q[c]:
+                return self._q[c][0]
+        return None
+
+    def next_expiry(self) -> float | None:
+        """The earliest max-wait expiry of a held request (FIFO per class: the heads')."""
+        return min((q[0].expire_s for q in self._q.values() if q), default=None)
+
+    def _wait_s(self, tokens: float) -> float:
+        if tokens <= 0:
+            return 0.0
+        return tokens / self._rate if self._rate > 0 else math.inf
+
+    def _retry_after(self, backlog_s: float) -> int:
+        if not math.isfinite(backlog_s):
+            return RETRY_AFTER_MAX_S
+        return int(min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, math.ceil(backlog_s))))
+
+    # ------------------------------------------------------------------ deciding
+
+    def arrive(self, key: object, cls: str, now: float, deadline_s: float, place: Placement) -> Decision:
+        """A new request of class `cls` whose TTFT must come by `deadline_s` (absolute)."""
+        rank = _RANK[cls]
+        if place.prefill_tps > 0:
+            self._rate = place.prefill_tps
+        remaining = deadline_s - now
+        before = any(self._q[c] for c in CLASSES[:rank + 1])
+        if not before and place.open and place.open_ttft_s <= remaining:
+            return Decision(DISPATCH, open=place.open)
+        own_wait = self._wait_s(self._tokens[cls])
+        all_wait = self._wait_s(sum(self._tokens[c] for c in CLASSES[:rank + 1]))
+        if own_wait + place.ttft_s > remaining:
+            return Decision(REJECT, DEADLINE_UNMEETABLE, self._retry_after(all_wait + place.ttft_s - remaining))
+        if all_wait + place.ttft_s > remaining:
+            return Decision(REJECT, SHED, self._retry_after(all_wait + place.ttft_s - remaining))
+        limit = self.cfg.limits[cls]
+        if len(self._q[cls]) >= limit.max_queue or limit.max_wait_s <= 0:
+            return Decision(REJECT, QUEUE_FULL, self._retry_after(all_wait))
+        if key in self._keys:
+            raise ValueError("admission: key already held")
+        h = Held(key, cls, max(1.0, place.prefill_tokens), now, deadline_s, now + limit.max_wait_s, place.ttft_s)
+        self._q[cls].append(h)
+        self._tokens[cls] += h.prefill_tokens
+        self._keys[key] = h
+        return Decision(HOLD)
+
+    def sweep(self, now: float) -> list[tuple[Held, Decision]]:
+        """Rejects the held requests that timed out or can no longer meet their deadline from
+        their place in the queue; returns them (removed) with their decisions."""
+        out: list[tuple[Held, Decision]] = []
+        ahead_all = 0.0
+        for c in CLASSES:
+            ahead_own = 0.0
+            keep: deque[Held] = deque()
+            for h in self._q[c]:
+                if now >= h.expire_s:
+                    out.append((h, Decision(REJECT, QUEUE_TIMEOUT, self._retry_after(self._wait_s(ahead_all)))))
+                    continue
+                remaining = h.deadline_s - now
+                t_all = self._wait_s(ahead_all + ahead_own) + h.ttft_s
+                if t_all > remaining:
+                    reason = SHED if self._wait_s(ahead_own) + h.ttft_s <= remaining else DEADLINE_UNMEETABLE
+                    out.append((h, Decision(REJECT, reason, self._retry_after(t_all - remaining))))
+                    continue
+                keep.append(h)
+                ahead_own += h.prefill_tokens
+            self._q[c] = keep
+            ahead_all += ahead_own
+        for h, _ in out:
+            self._forget(h)
+        return out
+
+    def try_head(self, now: float, place: Placement) -> tuple[Held, Decision] | None:
+        """The head with its fresh predictions: dispatched (removed), rejected (removed), or
+        still held (None is returned only when nothing is held)."""
+        h = self.head()
+        if h is None:
+            return None
+        if place.prefill_tps > 0:
+            self._rate = place.prefill_tps
+        h.ttft_s = place.ttft_s
+        remaining = h.deadline_s - now
+        if now >= h.expire_s:
+            d = Decision(REJECT, QUEUE_TIMEOUT, self._retry_after(place.ttft_s))
+        elif place.open and place.open_ttft_s <= remaining:
+            d = Decision(DISPATCH, open=place.open)
+        elif place.ttft_s > remaining:
+            d = Decision(REJECT, DEADLINE_UNMEETABLE, self._retry_after(place.ttft_s - remaining))
+        else:
+            return h, Decision(HOLD)
+        self._q[h.cls].popleft()
+        self._forget(h)
+        return h, d
+
+    def remove(self, key: object) -> bool:
+        """A held request that left (client disconnect): gone at once."""
+        h = self._keys.get(key)
+        if h is None:
+            return False
+        self._q[h.cls].remove(h)
+        self._forget(h)
+        return True
+
+    def _forget(self, h: Held) -> None:
+        self._keys.pop(h.key, None)
+        self._tokens[h.cls] = max(0.0, self._tokens[h.cls] - h.prefill_tokens) if self._q[h.cls] else 0.0
+
+
+def pump(queue: AdmissionQueue, now: float, predict: Callable[[Held], Placement],
+         dispatch: Callable[[Held, Decision], None], reject: Callable[[Held, Decision], None],
+         max_dispatch: int | None = None) -> None:
+    """What a router does whenever capacity may have freed (a first token, a completion, a new
+    table, a timer): reject what can no longer make it, then dispatch heads in class order while
+    a replica is open for them (at most `max_dispatch`; the live router sends one at a time, so
+    the next prediction sees it dispatched). `predict(held)` gives the head's fresh placement."""
+    for h, d in queue.sweep(now):
+        reject(h, d)
+    sent = 0
+    while max_dispatch is None or sent < max_dispatch:
+        h = queue.head()
+        if h is None:
+            return
+        out = queue.try_head(now, predict(h))
+        if out is None:
+            return
+        h, d = out
+        if d.action == HOLD:
+            return
+        if d.action == DISPATCH:
+            dispatch(h, d)
+            sent += 1
+        else:
+            reject(h, d)
