@@ -198,7 +198,7 @@ async def serve(cfg: RouterConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    store = EtcdStore(cfg.etcd, timeout_s=cfg.etcd_timeout_s)
+    store = EtcdStore(cfg.etcd, timeout_s=cfg.etcd_timeout_s, security=cfg.etcd_security())
     keeper = LeaseKeeper(store, PRESENCE_TTL_S)
     presence = PresencePublisher(keeper, router_id, cfg.region, f"http://{cfg.host}:{port}", inflight, tables,
                                  interval_s=PRESENCE_INTERVAL_S)
