@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from tidegate.policy import faults
+from tidegate.policy import faults, feedback, outliers
 from tidegate.policy.rates import EngineRates, RateEstimator, WorkWindow
-from tidegate.policy.weights import ReplicaDecision, ReplicaView, WeightPolicyConfig, decide
+from tidegate.policy.weights import ROUTABLE_STATES, ReplicaDecision, ReplicaView, WeightPolicyConfig, decide
 from tidegate.v1 import records_pb2, telemetry_pb2
 
 
@@ -32,6 +32,7 @@ class CleanStats:
     kv_usage: float = 0.0
     ttft_p95_ms: float = 0.0
     itl_p95_ms: float = 0.0
+    ttft_count: float = 0.0            # TTFT observations in the report's window
     preemptions_total: float = 0.0
     gpu_telemetry_available: bool = False
     gpu_faults: tuple[str, ...] = ()
@@ -114,6 +115,7 @@ def sanitize(report: telemetry_pb2.Report) -> CleanStats:
         kv_usage=usage,
         ttft_p95_ms=num("ttft_p95_ms", eng.ttft.p95_ms),
         itl_p95_ms=num("itl_p95_ms", eng.itl.p95_ms),
+        ttft_count=num("ttft_count", eng.ttft.count),
         preemptions_total=num("preemptions_total", eng.preemptions_total),
         gpu_telemetry_available=report.gpu_telemetry_available,
         gpu_faults=tuple(gpu_faults),
@@ -136,6 +138,7 @@ class ReplicaRecord:
     streams: int = 0                   # open telemetry streams for this replica on this instance
     fault: faults.FaultState = field(default_factory=faults.FaultState)
     rates: RateEstimator = field(default_factory=RateEstimator)  # fitted from this endpoint's reports
+    feedback: feedback.FeedbackState = field(default_factory=feedback.FeedbackState)  # in memory only
 
 
 def _rate_estimator(hello: telemetry_pb2.Hello) -> RateEstimator:
@@ -162,9 +165,17 @@ class FleetState:
 
     def __init__(self, policy: WeightPolicyConfig, now: Callable[[], float], *,
                  fault_policy: faults.FaultPolicyConfig | None = None,
+                 feedback_policy: feedback.FeedbackConfig | None = None,
+                 outlier_policy: outliers.OutlierConfig | None = None,
                  wall: Callable[[], float] = time.time) -> None:
         self.policy = policy
         self.fault_policy = fault_policy or faults.FaultPolicyConfig()
+        self.feedback_policy = feedback_policy or feedback.FeedbackConfig()
+        self.outlier_policy = outlier_policy or outliers.OutlierConfig()
+        self._slo_targets: dict[str, tuple[float, float]] = {}   # pool -> (ttft ms, tpot ms)
+        self._slo_default = (0.0, 0.0)
+        self._error_streaks: dict[str, int] = {}
+        self._outliers: dict[str, outliers.PoolOutliers] = {}
         self._now = now
         self._wall = wall
         self._replicas: dict[str, ReplicaRecord] = {}
@@ -213,6 +224,9 @@ class FleetState:
             ecc_uncorrected=stats.ecc_uncorrected, gpu_lost=stats.gpu_lost, oom=stats.oom,
             preemptions_per_s=rate)
         self._apply_fault(rec, faults.step(rec.fault, signals, now, self.fault_policy))
+        ttft_t, tpot_t = self._slo_targets.get(rec.hello.pool, self._slo_default)
+        rec.feedback = feedback.step(rec.feedback, feedback.FeedbackSample(
+            stats.ttft_p95_ms, stats.itl_p95_ms, stats.ttft_count, ttft_t, tpot_t), self.feedback_policy)
         return decide(self._view(rec, now), self.policy)
 
     def _apply_fault(self, rec: ReplicaRecord, result: faults.FaultStep) -> None:
@@ -220,12 +234,12 @@ class FleetState:
         for ev in result.events:
             self._events.append(PendingEvent(ev.kind, rec.hello.replica_id, rec.hello.pool, ev.reason))
 
-    def restore(self, entries: Iterable[records_pb2.RouteEntry], pool: str) -> list[str]:
+    def restore(self, entries: Iterable[records_pb2.RouteEntry], pool: str, at: float | None = None) -> list[str]:
         """A new leader learns the replicas of the last published table of `pool` (endpoint,
-        location) as if each had just said hello: unknown for now, not stale (see
-        `tidegate.policy.continuity`). Replicas already known here are left alone. Returns the
-        ids added."""
-        now = self._now()
+        location) as if each had said hello at `at` (the term's start; default now): unknown
+        for now, not stale (see `tidegate.policy.continuity`). Replicas already known here are
+        left alone. Returns the ids added."""
+        now = self._now() if at is None else at
         added = []
         for e in entries:
             if not e.replica_id or e.replica_id in self._replicas:
@@ -263,6 +277,44 @@ class FleetState:
     def router_inflight(self, replica_id: str) -> int:
         return self._router_inflight.get(replica_id, 0)
 
+    def set_slo_targets(self, targets: Mapping[str, tuple[float, float]],
+                        default: tuple[float, float] = (0.0, 0.0)) -> None:
+        """Pool -> (TTFT, TPOT) targets in ms that the SLO feedback compares reports against;
+        `default` for pools without their own (0 = none)."""
+        self._slo_targets = dict(targets)
+        self._slo_default = default
+
+    def set_router_error_streaks(self, streaks: Mapping[str, int]) -> None:
+        """Consecutive upstream errors per replica (the largest any router reports)."""
+        self._error_streaks = dict(streaks)
+
+    def evaluate_outliers(self, now: float | None = None) -> None:
+        """One outlier-ejection round per pool (call once per tick); events go to take_events()."""
+        now = self._now() if now is None else now
+        by_pool: dict[str, list[outliers.OutlierInput]] = {}
+        for rid, rec in sorted(self._replicas.items()):
+            d = decide(self._view(rec, now, with_outliers=False), self.policy)
+            by_pool.setdefault(rec.hello.pool, []).append(outliers.OutlierInput(
+                rid, d.state in ROUTABLE_STATES, self._error_streaks.get(rid, 0),
+                rec.stats.ttft_p95_ms, rec.stats.ttft_count))
+        result = {}
+        for pool, inputs in by_pool.items():
+            prev = self._outliers.get(pool, outliers.PoolOutliers())
+            res = outliers.evaluate(inputs, prev.states, now, self.outlier_policy)
+            for rid, ev in res.events:
+                self._events.append(PendingEvent(ev.kind, rid, pool, ev.reason))
+            if res.panic != prev.panic:
+                self._events.append(PendingEvent(
+                    "outlier_panic" if res.panic else "outlier_panic_over", "", pool,
+                    "too few healthy replicas: outlier ejections lifted, routing to all" if res.panic
+                    else "enough healthy replicas: outlier ejections apply again"))
+            result[pool] = res
+        self._outliers = result
+
+    def outlier_panic(self, pool: str) -> bool:
+        res = self._outliers.get(pool)
+        return bool(res and res.panic)
+
     def take_events(self) -> list[PendingEvent]:
         """Automatic decisions since the last call (eject, readmit)."""
         out, self._events = self._events, []
@@ -296,7 +348,7 @@ class FleetState:
     def __len__(self) -> int:
         return len(self._replicas)
 
-    def _view(self, rec: ReplicaRecord, now: float) -> ReplicaView:
+    def _view(self, rec: ReplicaRecord, now: float, with_outliers: bool = True) -> ReplicaView:
         h, s = rec.hello, rec.stats
         intent = self._intents.get(h.replica_id)
         draining = bool(intent and intent.draining)
@@ -308,6 +360,8 @@ class FleetState:
             expired = intent.HasField("drain_deadline") and wall >= intent.drain_deadline.ToNanoseconds() / 1e9
             force = intent.force
         ejected, cut = faults.view_reasons(rec.fault, now)
+        if not ejected and with_outliers and h.pool in self._outliers:
+            ejected = self._outliers[h.pool].ejected_reason(h.replica_id, now)
         base = ReplicaView(
             replica_id=h.replica_id, pool=h.pool, endpoint=h.endpoint, region=h.region, zone=h.zone,
             has_report=rec.report is not None,
@@ -329,6 +383,7 @@ class FleetState:
             gpu_telemetry_available=s.gpu_telemetry_available, gpu_faults=s.gpu_faults,
             telemetry_flags=s.flags, prefill_tokens_per_s=rates.prefill_tokens_per_s,
             decode_step_base_ms=rates.decode_step_base_ms, decode_step_per_seq_ms=rates.decode_step_per_seq_ms,
+            slo_factor=rec.feedback.multiplier, slo_note=feedback.describe(rec.feedback),
         )
 
 

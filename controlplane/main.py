@@ -31,7 +31,7 @@ from controlplane.fleet import FleetState
 from controlplane.leader import Leadership, LeaderWatch
 from controlplane.metrics import Metrics
 from controlplane.publisher import TablePublisher
-from controlplane.slo import PoolSlos, ScaleReporter
+from controlplane.slo import PoolSlos, ScaleReporter, slo_targets_ms
 from controlplane.telemetry import TelemetryService
 from controlplane.telemetry_auth import (
     DEFAULT_ALLOWED_NETWORKS,
@@ -45,6 +45,8 @@ from tidegate import codec, config, keys, logs
 from tidegate.errors import StoreError
 from tidegate.policy.continuity import ContinuityConfig
 from tidegate.policy.faults import FaultPolicyConfig
+from tidegate.policy.feedback import FeedbackConfig
+from tidegate.policy.outliers import OutlierConfig
 from tidegate.policy.scale import HEADROOM, ScaleConfig
 from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables, decide
 from tidegate.store.election import Election
@@ -100,6 +102,21 @@ class ControlPlaneConfig(config.ConfigBase, config.EtcdFields):
     scale_headroom: float = Field(HEADROOM, gt=0, le=1, description="Target utilisation of the scale "
                                   "recommendation: replicas = work / headroom (lower when the TTFT target "
                                   "needs it; see tidegate/policy/scale.py).")
+    slo_feedback: bool = Field(True, description="Correct each replica's weight (and budget share) by its measured "
+                               "P95 TTFT/ITL against the pool's SLO (AIMD with a deadband; docs/OPERATIONS.md).")
+    slo_feedback_min_multiplier: float = Field(0.2, gt=0, le=1, description="Lowest factor the SLO feedback "
+                                               "may put on a replica's weight.")
+    outlier_consecutive_errors: int = Field(5, ge=0, description="Consecutive upstream errors (as routers report "
+                                            "them) that eject a replica as an outlier (0 = off).")
+    outlier_latency_factor: float = Field(3.0, ge=0, description="A replica whose TTFT p95 exceeds this many "
+                                          "times the pool median is ejected as an outlier (0 = off; else > 1).")
+    outlier_max_ejection_percent: float = Field(50.0, ge=0, le=100, description="At most this percent of a "
+                                                "pool's replicas are outlier-ejected at once.")
+    outlier_panic_threshold_percent: float = Field(50.0, ge=0, le=100, description="Below this percent of "
+                                                   "healthy replicas a pool panics: outlier ejections are "
+                                                   "lifted and routers use every replica (0 = never).")
+    outlier_backoff_s: float = Field(30.0, gt=0, description="First outlier ejection's length; doubles per "
+                                     "ejection in a row, up to 10x.")
     warmup_s: float = Field(5.0, ge=0, description="A new leader publishes nothing for up to this long while "
                             "replicas of the last table reconnect (it ends early once all have reported); "
                             "until warmup_s + stale_after_s they keep their last entry (see docs/RELIABILITY.md).")
@@ -138,6 +155,13 @@ def run(args: argparse.Namespace) -> int:
             unhealthy_reports=cfg.unhealthy_reports, preemption_storm_per_s=cfg.preemption_storm_per_s,
             pressure_eject_after_s=cfg.pressure_eject_after_s, backoff_initial_s=cfg.readmit_backoff_s,
             backoff_max_s=max(cfg.readmit_backoff_s, cfg.readmit_backoff_max_s))
+        feedback_policy = FeedbackConfig(enabled=cfg.slo_feedback,
+                                         min_multiplier=cfg.slo_feedback_min_multiplier)
+        outlier_policy = OutlierConfig(
+            consecutive_errors=cfg.outlier_consecutive_errors, latency_factor=cfg.outlier_latency_factor,
+            max_ejection_percent=cfg.outlier_max_ejection_percent,
+            panic_threshold_percent=cfg.outlier_panic_threshold_percent,
+            backoff_initial_s=cfg.outlier_backoff_s, backoff_max_s=10 * cfg.outlier_backoff_s)
         tokens = load_tokens(cfg.auth_tokens_file) if cfg.auth_tokens_file else {}
         access = telemetry_access(cfg)
     except (config.ConfigError, ValueError) as e:
@@ -153,8 +177,9 @@ def run(args: argparse.Namespace) -> int:
     elif not cfg.telemetry_credentials_file:
         log.warning("telemetry_auth_unconfigured",
                     hint="no --telemetry-credentials-file: every agent stream is refused")
-    return asyncio.run(ControlPlane(cfg, policy, cp_id, fault_policy=fault_policy,
-                                    auth=Authenticator(tokens), telemetry_access=access).main())
+    return asyncio.run(ControlPlane(cfg, policy, cp_id, fault_policy=fault_policy, feedback_policy=feedback_policy,
+                                    outlier_policy=outlier_policy, auth=Authenticator(tokens),
+                                    telemetry_access=access).main())
 
 
 def telemetry_access(cfg: ControlPlaneConfig) -> TelemetryAccess:
@@ -183,11 +208,13 @@ def server_options() -> list[tuple[str, int]]:
 class ControlPlane:
     def __init__(self, cfg: ControlPlaneConfig, policy: WeightPolicyConfig, cp_id: str, *,
                  fault_policy: FaultPolicyConfig | None = None, auth: Authenticator | None = None,
-                 telemetry_access: TelemetryAccess | None = None) -> None:
+                 telemetry_access: TelemetryAccess | None = None, feedback_policy: FeedbackConfig | None = None,
+                 outlier_policy: OutlierConfig | None = None) -> None:
         self.cfg = cfg
         self.id = cp_id
         self.metrics = Metrics()
-        self.fleet = FleetState(policy, now=time.monotonic, fault_policy=fault_policy)
+        self.fleet = FleetState(policy, now=time.monotonic, fault_policy=fault_policy,
+                                feedback_policy=feedback_policy, outlier_policy=outlier_policy)
         self.store = EtcdStore(cfg.etcd, timeout_s=cfg.etcd_timeout_s, security=cfg.etcd_security())
         self.publisher = TablePublisher(self.store, cp_id, metrics=self.metrics,
                                         on_fenced=lambda reason: self.leadership.step_down("fenced"))
@@ -270,6 +297,7 @@ class ControlPlane:
 
     def _refresh_routers(self) -> None:
         total: dict[str, int] = {}
+        streaks: dict[str, int] = {}
         for key, kv in self.routers.items().items():
             try:
                 rp = codec.decode(kv.value, records_pb2.RouterPresence)
@@ -278,7 +306,10 @@ class ControlPlane:
                 continue
             for rid, n in rp.inflight_by_replica.items():
                 total[rid] = total.get(rid, 0) + max(0, n)
+            for rid, n in rp.consecutive_errors_by_replica.items():
+                streaks[rid] = max(streaks.get(rid, 0), n)
         self.fleet.set_router_inflight(total)
+        self.fleet.set_router_error_streaks(streaks)
 
     async def apply_intent(self, rid: str, intent: records_pb2.ReplicaIntent | None, revision: int) -> None:
         """Called by the admin API after writing an intent: apply it and publish now, so
@@ -333,6 +364,8 @@ class ControlPlane:
         self._refresh_routers()
         self.metrics.replicas.set(len(self.fleet))
         if leader:
+            self.fleet.set_slo_targets(slo_targets_ms(self.slos.all()), (self.cfg.slo_ttft_ms, self.cfg.slo_itl_ms))
+            self.fleet.evaluate_outliers()
             plan = await self.term.plan()
             tables = compute_pool_tables(self.fleet.views(), self.fleet.policy) if plan is None else plan.computed
             if plan is not None:

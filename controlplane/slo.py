@@ -55,6 +55,11 @@ def targets(slo: records_pb2.PoolSlo | None) -> SloTargets | None:
         return None
 
 
+def slo_targets_ms(slos: Mapping[str, records_pb2.PoolSlo]) -> dict[str, tuple[float, float]]:
+    """Pool -> (TTFT, TPOT) in ms, for the SLO feedback (FleetState.set_slo_targets)."""
+    return {pool: (slo.ttft_s * 1000.0, slo.tpot_s * 1000.0) for pool, slo in slos.items()}
+
+
 def decode_all(items: Mapping[str, KeyValue]) -> dict[str, records_pb2.PoolSlo]:
     out = {}
     for key, kv in items.items():

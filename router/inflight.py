@@ -1,4 +1,6 @@
-"""In-flight requests per replica, owned by the proxy (acquired per attempt, released in finally)."""
+"""Per-replica upstream bookkeeping, owned by the proxy: requests in flight (acquired per attempt,
+released in finally) and upstream errors in a row (reset by a success), which the presence
+record carries to the control plane's outlier ejection."""
 
 from __future__ import annotations
 
@@ -9,6 +11,16 @@ from types import MappingProxyType
 class InflightCounter:
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}
+        self._errors: dict[str, int] = {}
+
+    def failed(self, replica_id: str) -> None:
+        self._errors[replica_id] = self._errors.get(replica_id, 0) + 1
+
+    def succeeded(self, replica_id: str) -> None:
+        self._errors.pop(replica_id, None)
+
+    def error_streaks(self) -> Mapping[str, int]:
+        return MappingProxyType(dict(self._errors))
 
     def acquire(self, replica_id: str) -> None:
         self._counts[replica_id] = self._counts.get(replica_id, 0) + 1
@@ -33,3 +45,5 @@ class InflightCounter:
         """Forget idle replicas that left every table (bounds the map and metric labels)."""
         for rid in [r for r, n in self._counts.items() if n == 0 and r not in keep]:
             del self._counts[rid]
+        for rid in [r for r in self._errors if r not in keep]:
+            del self._errors[rid]

@@ -26,6 +26,8 @@ def presence_record(router_id: str, region: str, url: str, inflight: InflightCou
             rec.inflight_by_replica[rid] = n
     for pool, t in tables.pools().items():
         rec.table_generation_by_pool[pool] = t.generation
+    for rid, n in inflight.error_streaks().items():
+        rec.consecutive_errors_by_replica[rid] = min(n, 2**31 - 1)
     return rec
 
 

@@ -234,8 +234,10 @@ class Proxy:
                 registry.notify(policy, "on_complete", req, choice.replica_id)
             if isinstance(result, web.StreamResponse):
                 self._refusals.succeeded(choice.replica_id)
+                self._inflight.succeeded(choice.replica_id)
                 return result
             failure = result
+            self._inflight.failed(choice.replica_id)
             if failure.kind == "connect":
                 self._refusals.refused(choice.replica_id)
             self._metrics.upstream_errors.labels(choice.replica_id, failure.kind).inc()

@@ -8,6 +8,7 @@
     /tidegate/v1/budgets/<scope>            DisruptionBudget (scope "pool:<name>" or "region:<name>")
     /tidegate/v1/slos/<pool>                PoolSlo (SRE targets; the leader copies them into the table)
     /tidegate/v1/scale/<pool>               ScaleRecommendation (written by the leader)
+    /tidegate/v1/admission/<pool>           AdmissionBudget (per-router shares; written by the leader)
     /tidegate/v1/election/controlplane      etcd Election name (values: LeaderRecord)
 
 Values are protobuf JSON (see `tidegate.codec`).
@@ -25,6 +26,7 @@ BUDGETS = PREFIX + "budgets/"
 ELECTION = PREFIX + "election/controlplane"
 SLOS = PREFIX + "slos/"
 SCALE = PREFIX + "scale/"
+ADMISSION = PREFIX + "admission/"
 
 
 def table(pool: str) -> str:
@@ -60,3 +62,7 @@ def slo(pool: str) -> str:
 
 def scale(pool: str) -> str:
     return SCALE + pool
+
+
+def admission(pool: str) -> str:
+    return ADMISSION + pool

@@ -85,9 +85,14 @@ class FaultStep:
     events: tuple[FaultEvent, ...] = ()
 
 
-def backoff_s(ejections: int, cfg: FaultPolicyConfig) -> float:
+def exp_backoff(ejections: int, initial_s: float, max_s: float) -> float:
+    """initial_s * 2^(n-1), capped at max_s (shared with tidegate.policy.outliers)."""
     n = max(1, ejections)
-    return min(cfg.backoff_max_s, cfg.backoff_initial_s * 2.0 ** min(n - 1, 30))
+    return min(max_s, initial_s * 2.0 ** min(n - 1, 30))
+
+
+def backoff_s(ejections: int, cfg: FaultPolicyConfig) -> float:
+    return exp_backoff(ejections, cfg.backoff_initial_s, cfg.backoff_max_s)
 
 
 def step(prev: FaultState, sig: FaultSignals, now: float, cfg: FaultPolicyConfig) -> FaultStep:

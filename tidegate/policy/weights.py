@@ -78,6 +78,9 @@ class ReplicaView:
     prefill_tokens_per_s: float = 0.0
     decode_step_base_ms: float = 0.0
     decode_step_per_seq_ms: float = 0.0
+    # SLO feedback (tidegate.policy.feedback): multiplier in (0, 1] on the weight, and why.
+    slo_factor: float = 1.0
+    slo_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -134,8 +137,12 @@ def decide(view: ReplicaView, cfg: WeightPolicyConfig) -> ReplicaDecision:
     state = RS.REPLICA_STATE_DEGRADED if pressure else RS.REPLICA_STATE_READY
     if pressure:
         raw *= cfg.degraded_factor
+    if math.isfinite(view.slo_factor) and 0 < view.slo_factor < 1:
+        raw *= view.slo_factor
     weight = quantize(raw * cfg.max_weight, cfg)
     reasons = pressure or [f"kv free {free:.0%}, queue factor {qf:.2f}"]
+    if view.slo_note:
+        reasons = [*reasons, view.slo_note]
     if view.telemetry_flags:
         reasons = [*reasons, "telemetry clamped: " + ", ".join(view.telemetry_flags)]
     return ReplicaDecision(state, weight, "; ".join(reasons))

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tidegate/v1/records.proto\x12\x0btidegate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf4\x02\n\nRouteEntry\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x0c\n\x04zone\x18\x04 \x01(\t\x12(\n\x05state\x18\x05 \x01(\x0e\x32\x19.tidegate.v1.ReplicaState\x12\x0e\n\x06weight\x18\x06 \x01(\x01\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x03\x12\x16\n\x0ekv_free_tokens\x18\x08 \x01(\x03\x12\x0f\n\x07running\x18\t \x01(\x05\x12\x0f\n\x07waiting\x18\n \x01(\x05\x12\x13\n\x0bttft_p95_ms\x18\x0b \x01(\x01\x12\x12\n\nitl_p95_ms\x18\x0c \x01(\x01\x12\x0e\n\x06reason\x18\r \x01(\t\x12\x1c\n\x14prefill_tokens_per_s\x18\x0e \x01(\x01\x12\x1b\n\x13\x64\x65\x63ode_step_base_ms\x18\x0f \x01(\x01\x12\x1e\n\x16\x64\x65\x63ode_step_per_seq_ms\x18\x10 \x01(\x01\"\xda\x01\n\x0cRoutingTable\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12/\n\x0b\x63omputed_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tleader_id\x18\x04 \x01(\t\x12)\n\x08replicas\x18\x05 \x03(\x0b\x32\x17.tidegate.v1.RouteEntry\x12\x16\n\x0eschema_version\x18\x06 \x01(\x05\x12!\n\x03slo\x18\x07 \x01(\x0b\x32\x14.tidegate.v1.PoolSlo\"\xae\x01\n\x0fReplicaPresence\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x0e\n\x06region\x18\x04 \x01(\t\x12\x0c\n\x04zone\x18\x05 \x01(\t\x12\x17\n\x0f\x63ontrolplane_id\x18\x06 \x01(\t\x12\x30\n\x0c\x63onnected_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x93\x03\n\x0eRouterPresence\x12\x11\n\trouter_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12.\n\nupdated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12O\n\x13inflight_by_replica\x18\x05 \x03(\x0b\x32\x32.tidegate.v1.RouterPresence.InflightByReplicaEntry\x12X\n\x18table_generation_by_pool\x18\x06 \x03(\x0b\x32\x36.tidegate.v1.RouterPresence.TableGenerationByPoolEntry\x1a\x38\n\x16InflightByReplicaEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a<\n\x1aTableGenerationByPoolEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"n\n\x0cLeaderRecord\x12\x17\n\x0f\x63ontrolplane_id\x18\x01 \x01(\t\x12\x15\n\radmin_address\x18\x02 \x01(\t\x12.\n\nelected_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf1\x01\n\rReplicaIntent\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08\x63ordoned\x18\x02 \x01(\x08\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\x12\x32\n\x0e\x64rain_deadline\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x66orce\x18\x05 \x01(\x08\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0egrace_period_s\x18\t \x01(\x01\"~\n\x05\x45vent\x12&\n\x02\x61t\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x0c\n\x04pool\x18\x04 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\x90\x01\n\x10\x44isruptionBudget\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x15\n\rmin_available\x18\x02 \x01(\t\x12\x17\n\x0fmax_unavailable\x18\x03 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x04 \x01(\t\x12.\n\nupdated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"v\n\x07PoolSlo\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06ttft_s\x18\x02 \x01(\x01\x12\x0e\n\x06tpot_s\x18\x03 \x01(\x01\x12\r\n\x05\x61\x63tor\x18\x04 \x01(\t\x12.\n\nupdated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x90\x02\n\x13ScaleRecommendation\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x1c\n\x14recommended_replicas\x18\x02 \x01(\x05\x12\x18\n\x10\x63urrent_replicas\x18\x03 \x01(\x05\x12\x0f\n\x07\x62inding\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x10\n\x08headroom\x18\x06 \x01(\x01\x12\x1b\n\x13prompt_tokens_per_s\x18\x07 \x01(\x01\x12\x1f\n\x17generation_tokens_per_s\x18\x08 \x01(\x01\x12/\n\x0b\x63omputed_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tleader_id\x18\n \x01(\t*\x84\x02\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15REPLICA_STATE_JOINING\x10\x01\x12\x17\n\x13REPLICA_STATE_READY\x10\x02\x12\x1a\n\x16REPLICA_STATE_DEGRADED\x10\x03\x12\x1a\n\x16REPLICA_STATE_CORDONED\x10\x04\x12\x1a\n\x16REPLICA_STATE_DRAINING\x10\x05\x12\x19\n\x15REPLICA_STATE_DRAINED\x10\x06\x12\x19\n\x15REPLICA_STATE_EJECTED\x10\x07\x12\x17\n\x13REPLICA_STATE_STALE\x10\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tidegate/v1/records.proto\x12\x0btidegate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf4\x02\n\nRouteEntry\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x0c\n\x04zone\x18\x04 \x01(\t\x12(\n\x05state\x18\x05 \x01(\x0e\x32\x19.tidegate.v1.ReplicaState\x12\x0e\n\x06weight\x18\x06 \x01(\x01\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x03\x12\x16\n\x0ekv_free_tokens\x18\x08 \x01(\x03\x12\x0f\n\x07running\x18\t \x01(\x05\x12\x0f\n\x07waiting\x18\n \x01(\x05\x12\x13\n\x0bttft_p95_ms\x18\x0b \x01(\x01\x12\x12\n\nitl_p95_ms\x18\x0c \x01(\x01\x12\x0e\n\x06reason\x18\r \x01(\t\x12\x1c\n\x14prefill_tokens_per_s\x18\x0e \x01(\x01\x12\x1b\n\x13\x64\x65\x63ode_step_base_ms\x18\x0f \x01(\x01\x12\x1e\n\x16\x64\x65\x63ode_step_per_seq_ms\x18\x10 \x01(\x01\"\xda\x01\n\x0cRoutingTable\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12/\n\x0b\x63omputed_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tleader_id\x18\x04 \x01(\t\x12)\n\x08replicas\x18\x05 \x03(\x0b\x32\x17.tidegate.v1.RouteEntry\x12\x16\n\x0eschema_version\x18\x06 \x01(\x05\x12!\n\x03slo\x18\x07 \x01(\x0b\x32\x14.tidegate.v1.PoolSlo\"\xae\x01\n\x0fReplicaPresence\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x0e\n\x06region\x18\x04 \x01(\t\x12\x0c\n\x04zone\x18\x05 \x01(\t\x12\x17\n\x0f\x63ontrolplane_id\x18\x06 \x01(\t\x12\x30\n\x0c\x63onnected_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xd0\x05\n\x0eRouterPresence\x12\x11\n\trouter_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12.\n\nupdated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12O\n\x13inflight_by_replica\x18\x05 \x03(\x0b\x32\x32.tidegate.v1.RouterPresence.InflightByReplicaEntry\x12X\n\x18table_generation_by_pool\x18\x06 \x03(\x0b\x32\x36.tidegate.v1.RouterPresence.TableGenerationByPoolEntry\x12\x62\n\x1d\x63onsecutive_errors_by_replica\x18\x07 \x03(\x0b\x32;.tidegate.v1.RouterPresence.ConsecutiveErrorsByReplicaEntry\x12\x45\n\x0e\x64\x65mand_by_pool\x18\x08 \x03(\x0b\x32-.tidegate.v1.RouterPresence.DemandByPoolEntry\x1a\x38\n\x16InflightByReplicaEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a<\n\x1aTableGenerationByPoolEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x41\n\x1f\x43onsecutiveErrorsByReplicaEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1aM\n\x11\x44\x65mandByPoolEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.tidegate.v1.TokenBudget:\x02\x38\x01\"K\n\x0bTokenBudget\x12\x16\n\x0eprefill_tokens\x18\x01 \x01(\x01\x12\x11\n\tkv_tokens\x18\x02 \x01(\x01\x12\x11\n\tsequences\x18\x03 \x01(\x01\"\xb5\x03\n\x0f\x41\x64missionBudget\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\'\n\x05total\x18\x02 \x01(\x0b\x32\x18.tidegate.v1.TokenBudget\x12H\n\x0fshare_by_router\x18\x03 \x03(\x0b\x32/.tidegate.v1.AdmissionBudget.ShareByRouterEntry\x12G\n\x0e\x63lass_fraction\x18\x04 \x03(\x0b\x32/.tidegate.v1.AdmissionBudget.ClassFractionEntry\x12/\n\x0b\x63omputed_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tleader_id\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x1aN\n\x12ShareByRouterEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.tidegate.v1.TokenBudget:\x02\x38\x01\x1a\x34\n\x12\x43lassFractionEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"n\n\x0cLeaderRecord\x12\x17\n\x0f\x63ontrolplane_id\x18\x01 \x01(\t\x12\x15\n\radmin_address\x18\x02 \x01(\t\x12.\n\nelected_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf1\x01\n\rReplicaIntent\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x10\n\x08\x63ordoned\x18\x02 \x01(\x08\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\x12\x32\n\x0e\x64rain_deadline\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x66orce\x18\x05 \x01(\x08\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0egrace_period_s\x18\t \x01(\x01\"~\n\x05\x45vent\x12&\n\x02\x61t\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x0c\n\x04pool\x18\x04 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\x90\x01\n\x10\x44isruptionBudget\x12\r\n\x05scope\x18\x01 \x01(\t\x12\x15\n\rmin_available\x18\x02 \x01(\t\x12\x17\n\x0fmax_unavailable\x18\x03 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x04 \x01(\t\x12.\n\nupdated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"v\n\x07PoolSlo\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06ttft_s\x18\x02 \x01(\x01\x12\x0e\n\x06tpot_s\x18\x03 \x01(\x01\x12\r\n\x05\x61\x63tor\x18\x04 \x01(\t\x12.\n\nupdated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x90\x02\n\x13ScaleRecommendation\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x1c\n\x14recommended_replicas\x18\x02 \x01(\x05\x12\x18\n\x10\x63urrent_replicas\x18\x03 \x01(\x05\x12\x0f\n\x07\x62inding\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x10\n\x08headroom\x18\x06 \x01(\x01\x12\x1b\n\x13prompt_tokens_per_s\x18\x07 \x01(\x01\x12\x1f\n\x17generation_tokens_per_s\x18\x08 \x01(\x01\x12/\n\x0b\x63omputed_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tleader_id\x18\n \x01(\t*\x84\x02\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15REPLICA_STATE_JOINING\x10\x01\x12\x17\n\x13REPLICA_STATE_READY\x10\x02\x12\x1a\n\x16REPLICA_STATE_DEGRADED\x10\x03\x12\x1a\n\x16REPLICA_STATE_CORDONED\x10\x04\x12\x1a\n\x16REPLICA_STATE_DRAINING\x10\x05\x12\x19\n\x15REPLICA_STATE_DRAINED\x10\x06\x12\x19\n\x15REPLICA_STATE_EJECTED\x10\x07\x12\x17\n\x13REPLICA_STATE_STALE\x10\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUTERPRESENCE_INFLIGHTBYREPLICAENTRY']._serialized_options = b'8\001'
   _globals['_ROUTERPRESENCE_TABLEGENERATIONBYPOOLENTRY']._loaded_options = None
   _globals['_ROUTERPRESENCE_TABLEGENERATIONBYPOOLENTRY']._serialized_options = b'8\001'
-  _globals['_REPLICASTATE']._serialized_start=2281
-  _globals['_REPLICASTATE']._serialized_end=2541
+  _globals['_ROUTERPRESENCE_CONSECUTIVEERRORSBYREPLICAENTRY']._loaded_options = None
+  _globals['_ROUTERPRESENCE_CONSECUTIVEERRORSBYREPLICAENTRY']._serialized_options = b'8\001'
+  _globals['_ROUTERPRESENCE_DEMANDBYPOOLENTRY']._loaded_options = None
+  _globals['_ROUTERPRESENCE_DEMANDBYPOOLENTRY']._serialized_options = b'8\001'
+  _globals['_ADMISSIONBUDGET_SHAREBYROUTERENTRY']._loaded_options = None
+  _globals['_ADMISSIONBUDGET_SHAREBYROUTERENTRY']._serialized_options = b'8\001'
+  _globals['_ADMISSIONBUDGET_CLASSFRACTIONENTRY']._loaded_options = None
+  _globals['_ADMISSIONBUDGET_CLASSFRACTIONENTRY']._serialized_options = b'8\001'
+  _globals['_REPLICASTATE']._serialized_start=3115
+  _globals['_REPLICASTATE']._serialized_end=3375
   _globals['_ROUTEENTRY']._serialized_start=76
   _globals['_ROUTEENTRY']._serialized_end=448
   _globals['_ROUTINGTABLE']._serialized_start=451
@@ -45,21 +53,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPLICAPRESENCE']._serialized_start=672
   _globals['_REPLICAPRESENCE']._serialized_end=846
   _globals['_ROUTERPRESENCE']._serialized_start=849
-  _globals['_ROUTERPRESENCE']._serialized_end=1252
-  _globals['_ROUTERPRESENCE_INFLIGHTBYREPLICAENTRY']._serialized_start=1134
-  _globals['_ROUTERPRESENCE_INFLIGHTBYREPLICAENTRY']._serialized_end=1190
-  _globals['_ROUTERPRESENCE_TABLEGENERATIONBYPOOLENTRY']._serialized_start=1192
-  _globals['_ROUTERPRESENCE_TABLEGENERATIONBYPOOLENTRY']._serialized_end=1252
-  _globals['_LEADERRECORD']._serialized_start=1254
-  _globals['_LEADERRECORD']._serialized_end=1364
-  _globals['_REPLICAINTENT']._serialized_start=1367
-  _globals['_REPLICAINTENT']._serialized_end=1608
-  _globals['_EVENT']._serialized_start=1610
-  _globals['_EVENT']._serialized_end=1736
-  _globals['_DISRUPTIONBUDGET']._serialized_start=1739
-  _globals['_DISRUPTIONBUDGET']._serialized_end=1883
-  _globals['_POOLSLO']._serialized_start=1885
-  _globals['_POOLSLO']._serialized_end=2003
-  _globals['_SCALERECOMMENDATION']._serialized_start=2006
-  _globals['_SCALERECOMMENDATION']._serialized_end=2278
+  _globals['_ROUTERPRESENCE']._serialized_end=1569
+  _globals['_ROUTERPRESENCE_INFLIGHTBYREPLICAENTRY']._serialized_start=1305
+  _globals['_ROUTERPRESENCE_INFLIGHTBYREPLICAENTRY']._serialized_end=1361
+  _globals['_ROUTERPRESENCE_TABLEGENERATIONBYPOOLENTRY']._serialized_start=1363
+  _globals['_ROUTERPRESENCE_TABLEGENERATIONBYPOOLENTRY']._serialized_end=1423
+  _globals['_ROUTERPRESENCE_CONSECUTIVEERRORSBYREPLICAENTRY']._serialized_start=1425
+  _globals['_ROUTERPRESENCE_CONSECUTIVEERRORSBYREPLICAENTRY']._serialized_end=1490
+  _globals['_ROUTERPRESENCE_DEMANDBYPOOLENTRY']._serialized_start=1492
+  _globals['_ROUTERPRESENCE_DEMANDBYPOOLENTRY']._serialized_end=1569
+  _globals['_TOKENBUDGET']._serialized_start=1571
+  _globals['_TOKENBUDGET']._serialized_end=1646
+  _globals['_ADMISSIONBUDGET']._serialized_start=1649
+  _globals['_ADMISSIONBUDGET']._serialized_end=2086
+  _globals['_ADMISSIONBUDGET_SHAREBYROUTERENTRY']._serialized_start=1954
+  _globals['_ADMISSIONBUDGET_SHAREBYROUTERENTRY']._serialized_end=2032
+  _globals['_ADMISSIONBUDGET_CLASSFRACTIONENTRY']._serialized_start=2034
+  _globals['_ADMISSIONBUDGET_CLASSFRACTIONENTRY']._serialized_end=2086
+  _globals['_LEADERRECORD']._serialized_start=2088
+  _globals['_LEADERRECORD']._serialized_end=2198
+  _globals['_REPLICAINTENT']._serialized_start=2201
+  _globals['_REPLICAINTENT']._serialized_end=2442
+  _globals['_EVENT']._serialized_start=2444
+  _globals['_EVENT']._serialized_end=2570
+  _globals['_DISRUPTIONBUDGET']._serialized_start=2573
+  _globals['_DISRUPTIONBUDGET']._serialized_end=2717
+  _globals['_POOLSLO']._serialized_start=2719
+  _globals['_POOLSLO']._serialized_end=2837
+  _globals['_SCALERECOMMENDATION']._serialized_start=2840
+  _globals['_SCALERECOMMENDATION']._serialized_end=3112
 # @@protoc_insertion_point(module_scope)

@@ -104,7 +104,7 @@ class ReplicaPresence(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., controlplane_id: _Optional[str] = ..., connected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class RouterPresence(_message.Message):
-    __slots__ = ("router_id", "region", "url", "updated_at", "inflight_by_replica", "table_generation_by_pool")
+    __slots__ = ("router_id", "region", "url", "updated_at", "inflight_by_replica", "table_generation_by_pool", "consecutive_errors_by_replica", "demand_by_pool")
     class InflightByReplicaEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -119,19 +119,79 @@ class RouterPresence(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ConsecutiveErrorsByReplicaEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class DemandByPoolEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: TokenBudget
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[TokenBudget, _Mapping]] = ...) -> None: ...
     ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_BY_REPLICA_FIELD_NUMBER: _ClassVar[int]
     TABLE_GENERATION_BY_POOL_FIELD_NUMBER: _ClassVar[int]
+    CONSECUTIVE_ERRORS_BY_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_BY_POOL_FIELD_NUMBER: _ClassVar[int]
     router_id: str
     region: str
     url: str
     updated_at: _timestamp_pb2.Timestamp
     inflight_by_replica: _containers.ScalarMap[str, int]
     table_generation_by_pool: _containers.ScalarMap[str, int]
-    def __init__(self, router_id: _Optional[str] = ..., region: _Optional[str] = ..., url: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., inflight_by_replica: _Optional[_Mapping[str, int]] = ..., table_generation_by_pool: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    consecutive_errors_by_replica: _containers.ScalarMap[str, int]
+    demand_by_pool: _containers.MessageMap[str, TokenBudget]
+    def __init__(self, router_id: _Optional[str] = ..., region: _Optional[str] = ..., url: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., inflight_by_replica: _Optional[_Mapping[str, int]] = ..., table_generation_by_pool: _Optional[_Mapping[str, int]] = ..., consecutive_errors_by_replica: _Optional[_Mapping[str, int]] = ..., demand_by_pool: _Optional[_Mapping[str, TokenBudget]] = ...) -> None: ...
+
+class TokenBudget(_message.Message):
+    __slots__ = ("prefill_tokens", "kv_tokens", "sequences")
+    PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    prefill_tokens: float
+    kv_tokens: float
+    sequences: float
+    def __init__(self, prefill_tokens: _Optional[float] = ..., kv_tokens: _Optional[float] = ..., sequences: _Optional[float] = ...) -> None: ...
+
+class AdmissionBudget(_message.Message):
+    __slots__ = ("pool", "total", "share_by_router", "class_fraction", "computed_at", "leader_id", "reason")
+    class ShareByRouterEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: TokenBudget
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[TokenBudget, _Mapping]] = ...) -> None: ...
+    class ClassFractionEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SHARE_BY_ROUTER_FIELD_NUMBER: _ClassVar[int]
+    CLASS_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_AT_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    total: TokenBudget
+    share_by_router: _containers.MessageMap[str, TokenBudget]
+    class_fraction: _containers.ScalarMap[str, float]
+    computed_at: _timestamp_pb2.Timestamp
+    leader_id: str
+    reason: str
+    def __init__(self, pool: _Optional[str] = ..., total: _Optional[_Union[TokenBudget, _Mapping]] = ..., share_by_router: _Optional[_Mapping[str, TokenBudget]] = ..., class_fraction: _Optional[_Mapping[str, float]] = ..., computed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., leader_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class LeaderRecord(_message.Message):
     __slots__ = ("controlplane_id", "admin_address", "elected_at")
