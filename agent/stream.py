@@ -175,8 +175,9 @@ class StreamClient:
             if how == "leader":
                 delay = self._rng() * 0.05  # a hint reaches every agent at once: spread them a little
             elif how == "standby":
-                delay = backoff_delay(min(attempt, 2), self._rng, self._initial, self._max)
-                attempt += 1
+                # Not a failure of ours: the election is under way. Retry soon, without growing
+                # the backoff (a few per second per agent, for one election TTL at most).
+                delay = backoff_delay(min(attempt, 1), self._rng, self._initial, self._max)
             else:
                 failed_at[target] = now
                 delay = backoff_delay(attempt, self._rng, self._initial, self._max)
@@ -209,7 +210,7 @@ class StreamClient:
             if stop.is_set():
                 log.info("stream_stopped", target=target)
                 return "stopped"
-            refusal = _standby_refusal(done)
+            refusal = await _standby_refusal(call)
             if refusal is not None:
                 self._ended = refusal
             return _describe(done)
@@ -259,15 +260,19 @@ class StreamClient:
             raise _Reconnect(d.reason or "control plane asked to reconnect elsewhere")
 
 
-def _standby_refusal(done: set[asyncio.Task[None]]) -> Ended | None:
-    """A standby's UNAVAILABLE refusal, with the leader it named (controlplane.telemetry)."""
-    for t in done:
-        exc = None if t.cancelled() else t.exception()
-        if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE \
-                and "standing by" in (exc.details() or ""):
-            hint = next((str(v) for k, v in (exc.trailing_metadata() or ()) if k == LEADER_METADATA), "")
-            return Ended(leader_hint=hint, standby=True)
-    return None
+async def _standby_refusal(call: grpc.aio.StreamStreamCall) -> Ended | None:
+    """A standby's UNAVAILABLE refusal, with the leader it named (controlplane.telemetry). Read
+    from the finished call, not from the task that failed first: a refusal that arrives while
+    we write shows there as "RPC already finished"."""
+    try:
+        code = await asyncio.wait_for(call.code(), 1.0)
+        if code != grpc.StatusCode.UNAVAILABLE or "standing by" not in (await call.details() or ""):
+            return None
+        metadata = await call.trailing_metadata()
+    except (TimeoutError, grpc.RpcError):
+        return None
+    hint = next((str(v) for k, v in (metadata or ()) if k == LEADER_METADATA), "")
+    return Ended(leader_hint=hint, standby=True)
 
 
 def _describe(done: set[asyncio.Task[None]]) -> str:

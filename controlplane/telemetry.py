@@ -121,11 +121,10 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
             await self._refuse(context, e, rid)
         leader = self._redirect()
         if leader is not None:
-            if leader:
-                context.set_trailing_metadata(((LEADER_METADATA, leader),))
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"control plane {self._id} is standing by; stream to the leader"
-                                + (f" at {leader}" if leader else " (not known yet)"))
+                                + (f" at {leader}" if leader else " (not known yet)"),
+                                trailing_metadata=((LEADER_METADATA, leader),) if leader else ())
         self._stream_seq += 1
         token = self._stream_seq
         try:

@@ -42,6 +42,7 @@ class Term:
         self._restored = False
         self._holding: dict[str, tuple[str, ...]] = {}
         self._carrying: dict[str, tuple[str, ...]] = {}
+        self._warm: set[str] = set()
 
     def begin(self) -> None:
         """Call on becoming leader (the publisher must have been `reset()`)."""
@@ -49,10 +50,7 @@ class Term:
         self._restored = False
         self._holding.clear()
         self._carrying.clear()
-
-    @property
-    def warming_up(self) -> bool:
-        return bool(self._holding) or not self._restored
+        self._warm.clear()
 
     async def plan(self) -> Plan | None:
         """The tables to publish this tick; None until the last tables could be read."""
@@ -61,7 +59,7 @@ class Term:
         previous = self._publisher.previous()
         if not self._restored:
             for pool, entries in previous.items():
-                added = self._fleet.restore(entries, pool)
+                added = self._fleet.restore(entries, pool, at=self.started)
                 if added:
                     log.info("term_restored", pool=pool, replicas=len(added))
             self._restored = True
@@ -80,16 +78,14 @@ class Term:
         return Plan(tables, frozenset(hold), computed)
 
     def _log_changes(self, pool: str, v: continuity.Verdict, age: float) -> None:
-        waiting = () if v.publish else v.waiting_for
-        if waiting != self._holding.get(pool, ()):
-            if waiting:
-                log.info("term_warming_up", pool=pool, waiting_for=len(waiting), term_age_s=round(age, 2))
-            else:
+        if v.publish:
+            if pool not in self._warm:  # once per pool and term: how long the warm-up took
+                self._warm.add(pool)
+                self._holding.pop(pool, None)
                 log.info("term_warm", pool=pool, term_age_s=round(age, 2), not_heard=len(v.waiting_for))
-        if waiting:
-            self._holding[pool] = waiting
-        else:
-            self._holding.pop(pool, None)
+        elif v.waiting_for != self._holding.get(pool):
+            self._holding[pool] = v.waiting_for
+            log.info("term_warming_up", pool=pool, waiting_for=len(v.waiting_for), term_age_s=round(age, 2))
         if v.carried != self._carrying.get(pool, ()):
             log.info("term_carrying", pool=pool, carried=list(v.carried), term_age_s=round(age, 2))
         if v.carried:
