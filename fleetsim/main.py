@@ -55,6 +55,7 @@ from tidegate.config import ConfigBase, ConfigError, add_flags, load
 from tidegate.fleet import capacity
 from tidegate.fleet.traces import TraceError
 from tidegate.policy import registry
+from tidegate.policy.admission import config_from_text as admission_config
 from tidegate.policy.registry import SloTargets
 
 log = structlog.get_logger(__name__)
@@ -118,6 +119,15 @@ class SimulateConfig(ConfigBase):
     class_mix: str | None = Field(None, description="Give requests classes at random (seeded), e.g. "
                                                     "critical=0.2,standard=0.5,sheddable=0.3 (priorities 1, 0, -1); "
                                                     "replaces the trace's own classes.")
+    admission: bool = Field(False, description="Router admission for policies that predict (tidegate): hold "
+                                               "requests in per-class queues, reject early (queue_full, "
+                                               "deadline_unmeetable, shed, queue_timeout), TPOT protection.")
+    admission_queue: str = Field("1024", description="Admission: requests held per class, one number or "
+                                                     "critical=N,standard=N,sheddable=N.")
+    admission_max_wait: str = Field("30s", description="Admission: longest hold per class, e.g. 30s or "
+                                                       "critical=30s,standard=10s,sheddable=2s.")
+    tpot_guard: bool = Field(True, description="Admission: hold requests that would take a replica's outstanding "
+                                               "prefill past what its TPOT target allows (TPOT protection).")
     json_path: Path | None = Field(None, description="Write {'runs': [...]} to this file.")
     plot: Path | None = Field(None, description="Write PNG plots to this directory (needs matplotlib: "
                                                 "pip install 'tidegate[plot]').")
@@ -149,6 +159,15 @@ class SimulateConfig(ConfigBase):
     def _class_mix(cls, v: str | None) -> str | None:
         if v is not None:
             workload.parse_class_mix(v)
+        return v
+
+    @field_validator("admission_queue", "admission_max_wait")
+    @classmethod
+    def _admission_values(cls, v: str, info) -> str:  # type: ignore[no-untyped-def]
+        if info.field_name == "admission_queue":
+            admission_config(v, "30s")
+        else:
+            admission_config("1024", v)
         return v
 
     @field_validator("router_spread")
@@ -268,11 +287,13 @@ def _slos(cfg: SimulateConfig) -> tuple[float, float]:
 
 
 def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
+    admission = (admission_config(cfg.admission_queue, cfg.admission_max_wait, cfg.tpot_guard)
+                 if cfg.admission else None)
     return SimConfig(report_interval_s=cfg.report_interval_s, tick_s=cfg.tick_s,
                      propagation_s=cfg.propagation_ms / 1000.0, hop_s=cfg.hop_ms / 1000.0,
                      record_samples=cfg.plot is not None,
                      scrape_interval_s=None if cfg.scrape_ms is None else cfg.scrape_ms / 1000.0,
-                     routers=routers, router_spread=cfg.router_spread)
+                     routers=routers, router_spread=cfg.router_spread, admission=admission)
 
 
 def simulate_once(profiles: Sequence[Profile], policy: str, reqs: Sequence[workload.SimRequest], sim_cfg: SimConfig,
@@ -281,10 +302,11 @@ def simulate_once(profiles: Sequence[Profile], policy: str, reqs: Sequence[workl
     t0 = time.perf_counter()
     sim_cfg = dataclasses.replace(sim_cfg, slo=SloTargets(ttft_s=slo[0], tpot_s=slo[1]))
     pols = [registry.create(policy) for _ in range(sim_cfg.routers)]
-    result = Simulation(profiles, pols, reqs, sim_cfg, seed=seed).run()
+    sim = Simulation(profiles, pols, reqs, sim_cfg, seed=seed)
+    result = sim.run()
     wall = time.perf_counter() - t0
     summary = results.summarize(result, policy=policy, load=load, slo_ttft_s=slo[0], slo_tpot_s=slo[1], wall_s=wall,
-                                routers=sim_cfg.routers, seed=seed)
+                                routers=sim_cfg.routers, seed=seed, admission=sim.admission)
     log.info("run_done", policy=policy, load=load, routers=sim_cfg.routers, seed=seed, requests=len(reqs),
              wall_s=round(wall, 2), virtual_s=summary["makespan_s"])
     return summary, result

@@ -9,7 +9,10 @@
 - offered_rps = requests / arrival span, goodput_rps = met / arrival span, throughput_rps =
   completed / arrival span: one denominator (first to last arrival; the run's length when 0).
 - prefix_hit_rate = prompt tokens served from the prefix cache / prompt tokens, over served requests.
-- queue_ms = arrival to the engine step that first schedules the request.
+- queue_ms = arrival to the engine step that first schedules the request (router hold included).
+- Admission (runs with a router queue): `rejected_by_class` (class -> reason -> count),
+  `time_to_reject_ms` (arrival to the rejection, virtual time), `held_ms` (arrival to dispatch,
+  over the requests the router held), `goodput_rps_by_class`.
 - utilisation = time the engine spent in steps / the run (first arrival to last completion).
 """
 
@@ -48,9 +51,14 @@ def summarize(result: SimResult, *, policy: str, load: float | None, slo_ttft_s:
     if span <= 0:
         span = run_s
     rejected: dict[str, int] = defaultdict(int)
+    by_class: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for r in recs:
         if r.rejected and r.rejected != CLIENT_ERROR:
             rejected[r.rejected] += 1
+            by_class[r.req.klass][r.rejected] += 1
+    to_reject = [r.reject_s - r.req.arrival_s for r in recs if r.reject_s is not None]
+    held = [r.dispatch_s - r.req.arrival_s for r in recs
+            if r.dispatch_s is not None and r.dispatch_s > r.req.arrival_s]
     judged = len(recs) - client_errors
     prompt = sum(r.req.prompt_tokens for r in served)
     out: dict[str, Any] = {
@@ -73,6 +81,12 @@ def summarize(result: SimResult, *, policy: str, load: float | None, slo_ttft_s:
         "queue_ms": summary_ms([r.queue_s for r in served if r.queue_s is not None]),
         "rejected": sum(rejected.values()),
         "rejected_by_reason": dict(sorted(rejected.items())),
+        "rejected_by_class": {k: dict(sorted(v.items())) for k, v in sorted(by_class.items())},
+        "goodput_rps_by_class": {k: round(v[0] / span, 3) if span > 0 else 0.0
+                                 for k, v in sorted(met_by_class.items())},
+        "time_to_reject_ms": {**summary_ms(to_reject), "max": round(max(to_reject, default=0.0) * 1000.0, 1)},
+        "held_ms": summary_ms(held),
+        "held": len(held),
         "preemptions": sum(rep.preemptions for rep in result.replicas),
         "prefix_hit_rate": round(sum(r.cached_tokens for r in served) / prompt, 4) if prompt else 0.0,
         # Cut short by the capacity search once it was sure to miss: attainment is then a lower bound.
@@ -101,8 +115,9 @@ def render(runs: list[dict[str, Any]]) -> str:
         util = f"{min(utils) * 100:.0f}-{max(utils) * 100:.0f}%" if utils else "-"
         peak = max((x["peak_kv"] for x in r["replicas"]), default=0.0)
         load = "-" if r["load"] is None else f"{r['load']:g}"
+        name = r["policy"] + ("+adm" if r.get("admission") else "")
         lines.append(
-            f"{r['policy']:<19} {r.get('routers', 1):>3} {load:>5} {r['requests']:>6} {r['goodput_rps']:>8.2f} "
+            f"{name:<19} {r.get('routers', 1):>3} {load:>5} {r['requests']:>6} {r['goodput_rps']:>8.2f} "
             f"{r['slo_attainment'] * 100:>6.1f} {r.get('prefix_hit_rate', 0.0) * 100:>5.1f} "
             f"{r['ttft_ms']['p50']:>9.0f} {r['ttft_ms']['p95']:>8.0f} {r['ttft_ms']['p99']:>8.0f} "
             f"{r['tpot_ms']['p50']:>9.1f} {r['tpot_ms']['p95']:>6.1f} {r['tpot_ms']['p99']:>6.1f} "

@@ -27,7 +27,14 @@ What runs, and with which real code:
   would make them herd together onto the same stale view (measured: 2x the TTFT p50);
 - requests no replica can ever serve (prompt + output beyond every profile's context, or a
   prompt beyond every KV cache) are answered as client errors at once (`rejected =
-  "client_error"`), as the router's request validation would; they reach no policy.
+  "client_error"`), as the router's request validation would; they reach no policy;
+- admission (SimConfig.admission, for policies with `predictions`: `tidegate`): each router runs
+  the live router's code, `tidegate.policy.admission` (an AdmissionQueue per router, `pump` to
+  dispatch and reject): a request is dispatched, held in the router's queue, or rejected with a
+  reason (`rejected` = queue_full, deadline_unmeetable, shed, queue_timeout, at `reject_s`). The
+  live router pumps on every first token, completion and table change; here a router with held
+  requests pumps every `wake_s` of virtual time and at each arrival it takes (engine events are
+  seen when the engines are advanced, which happens then). Held time counts in TTFT.
 
 Events at one instant are handled in the order: table delivery, router scrape, agent report,
 control-plane tick, arrival. Before an event at time t that reads engine state every engine it reads is
@@ -53,10 +60,12 @@ from fleetsim.replica import SimReplica
 from fleetsim.workload import SimRequest
 from simulator.profiles import Profile
 from tidegate.errors import RequestError
+from tidegate.policy import admission as adm
+from tidegate.policy.classes import class_of
 from tidegate.policy.registry import LiveLoad, Policy, PoolSnapshot, RequestFeatures, RouteInfo, SloTargets, notify
 from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables
 
-_DELIVER, _SCRAPE, _REPORT, _TICK = 0, 1, 2, 3
+_DELIVER, _SCRAPE, _REPORT, _TICK, _WAKE = 0, 1, 2, 3, 4
 ROUTER_SPREADS = ("rr", "hash")
 CLIENT_ERROR = "client_error"
 
@@ -88,6 +97,10 @@ class SimConfig:
     stop_after_misses: int | None = None
     stop_slo: tuple[float, float] = (math.inf, math.inf)
     slo: SloTargets | None = None       # given to the policies in every PoolSnapshot (None: their default)
+    # Router admission (queue, early rejection, TPOT protection) for policies with `predictions`;
+    # None: every request is dispatched at once, as before.
+    admission: adm.AdmissionConfig | None = None
+    wake_s: float = 0.01                # how often a router with held requests looks again
 
     def __post_init__(self) -> None:
         if not (self.report_interval_s > 0 and self.tick_s > 0 and self.propagation_s >= 0 and self.warmup_s >= 0
@@ -97,6 +110,8 @@ class SimConfig:
             raise ValueError("scrape_interval_s must be positive (or None)")
         if self.routers < 1:
             raise ValueError("routers must be >= 1")
+        if not self.wake_s > 0:
+            raise ValueError("wake_s must be positive")
         if self.router_spread not in ROUTER_SPREADS:
             raise ValueError(f"router_spread must be one of {', '.join(ROUTER_SPREADS)}")
 
@@ -110,6 +125,8 @@ class RequestRecord:
     first_token_s: float | None = None
     finish_s: float | None = None
     queue_s: float | None = None        # TTFT minus its own prefill alone (see results.py)
+    dispatch_s: float | None = None     # when the router sent it (later than arrival when it was held)
+    reject_s: float | None = None       # when the router rejected it (admission)
     cached_tokens: int = 0
     preemptions: int = 0
 
@@ -184,7 +201,8 @@ def session_router(req: SimRequest, routers: int) -> int | None:
 class SimRouter:
     """One router: its own policy instance, in-flight counts, delivered table and scrape."""
 
-    __slots__ = ("inflight", "policy", "rng", "scrape_s", "scraped", "table", "view", "wants_live")
+    __slots__ = ("inflight", "policy", "queue", "rng", "scrape_s", "scraped", "table", "view", "wants_live",
+                 "waking")
 
     def __init__(self, policy: Policy, replica_ids: Sequence[str], rng: random.Random,
                  scrape_s: float | None) -> None:
@@ -196,6 +214,8 @@ class SimRouter:
         self.scraped: dict[str, tuple[int, int, int, int]] = {}
         self.scrape_s = scrape_s
         self.wants_live = bool(getattr(policy, "reads_live_state", False))
+        self.queue: adm.AdmissionQueue | None = None
+        self.waking = False
 
     def refresh_view(self) -> None:
         if not self.scraped:
@@ -245,6 +265,12 @@ class Simulation:
                       self.cfg.scrape_interval_s if self.cfg.scrape_interval_s is not None
                       else getattr(p, "scrape_interval_s", None))
             for k, p in enumerate(policies)]
+        for router in self.routers:
+            if self.cfg.admission is not None and callable(getattr(router.policy, "predictions", None)):
+                router.queue = adm.AdmissionQueue(self.cfg.admission)
+        self.admission = any(r.queue is not None for r in self.routers)
+        self._slo = self.cfg.slo or SloTargets()
+        self._held = 0
         for k, router in enumerate(self.routers):
             if router.scrape_s is not None:
                 phase = router.scrape_s if k == 0 else phase_rng.uniform(0.0, router.scrape_s)
@@ -277,7 +303,7 @@ class Simulation:
         budget = self.cfg.stop_after_misses
         stopped = False
         while True:
-            if ai >= n and self._outstanding == 0:
+            if ai >= n and self._outstanding == 0 and self._held == 0:
                 break
             if budget is not None and self._misses > budget:
                 stopped = True
@@ -303,6 +329,8 @@ class Simulation:
                 self._scrape(t, payload)  # type: ignore[arg-type]
             elif kind == _REPORT:
                 self._report(payload)  # type: ignore[arg-type]
+            elif kind == _WAKE:
+                self._wake(payload)  # type: ignore[arg-type]
             else:
                 self._tick()
         end = self.now
@@ -336,7 +364,8 @@ class Simulation:
         rec = self.records.get(req_id)
         if rec is None:
             return
-        engine_arrival = rec.req.arrival_s + self.cfg.hop_s  # the engine measures from its own arrival
+        # the engine measures from its own arrival
+        engine_arrival = (rec.req.arrival_s if rec.dispatch_s is None else rec.dispatch_s) + self.cfg.hop_s
         engine_t = t_s
         t_s += self.cfg.hop_s  # when the client sees it
         if kind == "first_token":
@@ -384,6 +413,67 @@ class Simulation:
         k = self._route_to(req)
         rec.router = k
         router = self.routers[k]
+        if router.queue is None:
+            self._send(router, rec, features, frozenset())
+            return
+        self._features[req.req_id] = features
+        place = self._placement(router, features)
+        if not place.open and math.isinf(place.ttft_s):
+            self._features.pop(req.req_id)
+            rec.rejected = "no_replica"
+            self._misses += 1
+            return
+        d = router.queue.arrive(req.req_id, class_of(req.priority), self.now, req.arrival_s + self._slo.ttft_s, place)
+        if d.action == adm.DISPATCH:
+            self._dispatch_held(router, rec, d)
+        elif d.action == adm.HOLD:
+            self._held += 1
+        else:
+            self._reject(rec, d)
+        if len(router.queue):
+            self._pump(k)
+
+    def _placement(self, router: SimRouter, features: RequestFeatures) -> adm.Placement:
+        preds = router.policy.predictions(PoolSnapshot(router.view, router.inflight, frozenset(),  # type: ignore[attr-defined]
+                                                       slo=self.cfg.slo), features)
+        return adm.placement(preds, self.cfg.admission.tpot_guard)  # type: ignore[union-attr]
+
+    def _reject(self, rec: RequestRecord, d: adm.Decision) -> None:
+        rec.rejected = d.reason
+        rec.reject_s = self.now
+        self._features.pop(rec.req.req_id, None)
+        self._misses += 1
+
+    def _dispatch_held(self, router: SimRouter, rec: RequestRecord, d: adm.Decision) -> None:
+        closed = frozenset(e.replica_id for e in router.view if e.replica_id not in d.open)
+        self._send(router, rec, self._features.pop(rec.req.req_id), closed)
+
+    def _pump(self, k: int) -> None:
+        router = self.routers[k]
+        queue = router.queue
+        assert queue is not None
+
+        def dispatch(h: adm.Held, d: adm.Decision) -> None:
+            self._held -= 1
+            self._dispatch_held(router, self.records[h.key], d)  # type: ignore[index]
+
+        def reject(h: adm.Held, d: adm.Decision) -> None:
+            self._held -= 1
+            self._reject(self.records[h.key], d)  # type: ignore[index]
+
+        adm.pump(queue, self.now, lambda h: self._placement(router, self._features[h.key]), dispatch, reject)  # type: ignore[index]
+        if len(queue) and not router.waking:
+            router.waking = True
+            self._push(self.now + self.cfg.wake_s, _WAKE, k)
+
+    def _wake(self, k: int) -> None:
+        self.routers[k].waking = False
+        self._advance(self.now)
+        self._pump(k)
+
+    def _send(self, router: SimRouter, rec: RequestRecord, features: RequestFeatures,
+              exclude: frozenset[str]) -> None:
+        req = rec.req
         live = None
         if router.wants_live:
             live = {}
@@ -391,15 +481,16 @@ class Simulation:
                 s = r.engine.stats()
                 live[r.replica_id] = LiveLoad(s.running, s.waiting, s.kv_free_tokens,
                                               s.num_gpu_blocks * s.block_size)
-        snap = PoolSnapshot(router.view, router.inflight, frozenset(), live, slo=self.cfg.slo)
+        snap = PoolSnapshot(router.view, router.inflight, exclude, live, slo=self.cfg.slo)
         choice = router.policy.pick(snap, features, router.rng)
         if choice is None:
             rec.rejected = "no_replica"
             self._misses += 1
             return
         rep = self._by_id[choice.replica_id][0]
+        rec.dispatch_s = self.now
         try:
-            rep.submit(req.req_id, req.prompt_tokens, req.output_tokens, req.arrival_s + self.cfg.hop_s,
+            rep.submit(req.req_id, req.prompt_tokens, req.output_tokens, self.now + self.cfg.hop_s,
                        req.prefix_hashes, req.hash_block_tokens)
         except RequestError as exc:
             rec.rejected = "too_large" if "larger" in str(exc) or "context length" in str(exc) else "invalid"
