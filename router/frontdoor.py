@@ -18,9 +18,13 @@ Here, on top of aiohttp's own protocol:
   close, without reading or parsing anything.
 - **Every error in the OpenAI envelope**, parser-level ones included, logged with a rate limit.
 
-The accept loop of asyncio takes up to `LISTEN_BACKLOG` sockets before our code sees any, and
-the sockets closed to make room for them are released one loop turn later, so the process's
-descriptor budget keeps twice that many spare (`fd_budget`).
+asyncio accepts up to its `backlog` argument sockets per loop turn, and the work for each
+(protocol, transport, eviction) runs in the same turn. Under a connection flood a large batch
+makes each turn long and starves everything else on the loop (the etcd lease keep-alive), so
+the listener is made with a small accept batch (`ACCEPT_BATCH`) and then given a deep kernel
+queue (`LISTEN_BACKLOG`) by calling listen() again (`listen_socket`, `deepen_backlog`). A batch
+of accepted sockets exists before our code sees any, and the sockets closed to make room for
+them are released one turn later: the descriptor budget keeps twice a batch spare (`fd_budget`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import asyncio
 import json
 import logging
 import resource
+import socket
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -44,15 +49,18 @@ from router.ratelog import LogRateLimiter
 
 log = structlog.get_logger(__name__)
 
-LISTEN_BACKLOG = 1024
+LISTEN_BACKLOG = 4096   # the kernel's queue of connections not yet accepted
+ACCEPT_BATCH = 128      # sockets asyncio accepts per loop turn
 # Descriptors beyond clients and engines: etcd channels, logs, the event loop, the listener,
-# plus one burst of accepted sockets and as many evicted ones not yet released (module docstring).
-FD_RESERVE = 2 * LISTEN_BACKLOG + 256
+# plus one batch of accepted sockets and as many evicted ones not yet released (module docstring).
+FD_RESERVE = 2 * ACCEPT_BATCH + 256
 # How many least-recently-active connections one newcomer may look at for an idle one.
 EVICT_SCAN = 64
 # A connection quiet for less than this is never evicted: a real client that just connected
-# needs a few event-loop turns to be read, and a flood brings up to LISTEN_BACKLOG per turn.
-EVICT_MIN_IDLE_S = 1.0
+# needs a few event-loop turns to be read, and a flood brings up to ACCEPT_BATCH per turn. So
+# eviction makes room for up to max_client_connections / EVICT_MIN_IDLE_S newcomers per second;
+# beyond that rate, newcomers get the 503 (and OpenAI clients retry after Retry-After).
+EVICT_MIN_IDLE_S = 0.5
 
 C = TypeVar("C", bound=Hashable)
 
@@ -150,6 +158,18 @@ def raise_nofile_limit() -> int:
         except (ValueError, OSError):
             pass
     return soft
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The router's listening socket (IPv4 or IPv6 by the address' form)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+
+
+def deepen_backlog(sock: socket.socket) -> None:
+    """After asyncio started serving `sock` (and called listen(ACCEPT_BATCH) on it), give the
+    kernel queue its depth back; on Linux a second listen() only changes the queue length."""
+    sock.listen(LISTEN_BACKLOG)
 
 
 class FrontDoor:

@@ -21,12 +21,14 @@ from pydantic import Field, field_validator
 from router.app import MIB, build_app, make_session
 from router.budget import RetryBudget
 from router.frontdoor import (
-    LISTEN_BACKLOG,
+    ACCEPT_BATCH,
     FrontDoor,
     FrontDoorLimits,
     GuardedAppRunner,
     RateLimitFilter,
+    deepen_backlog,
     fd_budget,
+    listen_socket,
     raise_nofile_limit,
     rate_limited_exception_handler,
 )
@@ -188,8 +190,10 @@ async def serve(cfg: RouterConfig) -> int:
     runner = GuardedAppRunner(app, door, handler_cancellation=True, shutdown_timeout=cfg.shutdown_grace_s,
                               access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=LISTEN_BACKLOG)
+    sock = listen_socket(cfg.host, cfg.port)
+    site = web.SockSite(runner, sock, backlog=ACCEPT_BATCH)
     await site.start()
+    deepen_backlog(sock)
     port = runner.addresses[0][1]
     print(json.dumps({"event": "listening", "port": port}), flush=True)
     log.info("router_listening", host=cfg.host, port=port, etcd=",".join(cfg.etcd))

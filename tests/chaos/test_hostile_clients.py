@@ -5,7 +5,9 @@ replica. Four swarm processes (tests/chaos/hostile_swarm.py, 5,000 idle connecti
 slowloris clients each: one process cannot hold 20,000 sockets under a 20,000 descriptor limit)
 attack it for ATTACK_S seconds while real requests keep coming on fresh connections. Then:
 
-- every real request succeeded (new connections take the place of idle ones at the limit);
+- every real request succeeded (new connections take the place of idle ones at the limit; a
+  newcomer refused with 503 + Retry-After in a burst faster than eviction makes room retries,
+  as OpenAI clients do);
 - the slowloris clients were cut with a 408 at the header timeout;
 - the router's RSS, open descriptors and log stayed bounded;
 - its etcd presence kept the same lease throughout (client load never starved etcd).
@@ -58,14 +60,22 @@ async def presence_lease(etcd: str) -> int | None:
 
 
 async def real_request(http: aiohttp.ClientSession, url: str) -> tuple[bool, float, str]:
+    """One request as an OpenAI client makes it: a 503 with Retry-After is retried (twice at
+    most, as openai-python does by default); the detail says how many retries it took."""
     t0 = time.monotonic()
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    try:
-        async with http.post(url + "/v1/chat/completions", json=body) as r:
-            data = await r.read()
-            return r.status == 200, time.monotonic() - t0, f"{r.status} {data[:120]!r}"
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        return False, time.monotonic() - t0, exc.__class__.__name__
+    for attempt in range(3):
+        try:
+            async with http.post(url + "/v1/chat/completions", json=body) as r:
+                data = await r.read()
+                retry_after = r.headers.get("Retry-After")
+                if r.status == 503 and retry_after and attempt < 2:
+                    await asyncio.sleep(float(retry_after))
+                    continue
+                return r.status == 200, time.monotonic() - t0, f"{r.status} retries={attempt} {data[:120]!r}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return False, time.monotonic() - t0, exc.__class__.__name__
+    raise AssertionError("unreachable")
 
 
 async def wait_presence(etcd: str, timeout_s: float = 15.0) -> int:
@@ -127,8 +137,10 @@ async def test_idle_flood_and_slowloris(clean_etcd, tmp_path):
         log_text = router.log_path.read_text()
 
         latencies = sorted(r[1] for r in results)
-        failed = [r[2] for r in results if not r[0]]
-        print(f"\nhostile clients: {counts}; real requests {len(results)}, failed {len(failed)}, latency p50 "
+        failed = [f"{r[2]} after {r[1]:.1f} s" for r in results if not r[0]]
+        retried = sum("retries=0" not in r[2] for r in results)
+        print(f"\nhostile clients: {counts}; real requests {len(results)}, failed {len(failed)}, "
+              f"retried after a 503 {retried}, latency p50 "
               f"{latencies[len(latencies) // 2] * 1000:.0f} ms max {latencies[-1] * 1000:.0f} ms; router RSS "
               f"{rss_before / 2**20:.0f} -> peak {peak_rss / 2**20:.0f} MiB; peak fds {peak_fds}; "
               f"log +{log_growth} bytes")
@@ -142,8 +154,8 @@ async def test_idle_flood_and_slowloris(clean_etcd, tmp_path):
         assert peak_fds < MAX_CLIENT_CONNECTIONS + FD_RESERVE
         assert log_growth < LOG_GROWTH_LIMIT
         assert "Too many open files" not in log_text
-        assert lease_after == lease and log_text.count('"lease_granted"') == 1
-        assert '"lease_lost"' not in log_text
+        lease_lines = [line for line in log_text.splitlines() if '"lease_' in line]
+        assert lease_after == lease and len(lease_lines) == 1, lease_lines
     finally:
         for s in swarms:
             if s.returncode is None:

@@ -152,7 +152,7 @@ async def test_connection_limit_evicts_idle_and_refuses_when_all_busy(clean_etcd
         await asyncio.sleep(0.5)  # the router has seen the health checks' connections close
         idle = [await asyncio.open_connection(host, port) for _ in range(4)]
         try:
-            await asyncio.sleep(1.2)  # connections quiet for less than 1 s are never evicted
+            await asyncio.sleep(0.7)  # connections quiet for less than 0.5 s are never evicted
             async with http.post(router.url + "/v1/chat/completions", json=CHAT) as r:
                 assert r.status == 200  # took the place of the least recently active idle connection
             assert await asyncio.wait_for(idle[0][0].read(), 2) == b""
