@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import random
 import signal
@@ -63,11 +64,29 @@ class AgentConfig(ConfigBase):
     )
     engine_kind: str = Field("vllm", description="Engine kind: vllm, sglang, tgi, tidegate-sim.")
     metrics_port: int = Field(0, ge=0, lt=65536, description="Port of the agent's own /metrics (0 = off).")
+    rate_prior: tuple[float, ...] = Field(
+        (), description="Optional seed of the control plane's rate fit, from a known profile: "
+                        "PREFILL_TOKENS_PER_S,DECODE_STEP_BASE_MS,DECODE_STEP_PER_SEQ_MS (all > 0). Without it "
+                        "the fit starts from a generic prior; either way the engine's counters take over.")
     gpu_source: str = Field(
         "nvml",
         description="Where GPU telemetry comes from: nvml (the real driver) or sim (the Tidegate simulator's "
                     "labelled simulated-NVML endpoint, engine_url/sim/gpu; reports carry simulated_gpu=true).",
     )
+
+    @field_validator("rate_prior", mode="before")
+    @classmethod
+    def _rate_prior_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return tuple(float(x) for x in v.split(",") if x.strip())
+        return v
+
+    @field_validator("rate_prior")
+    @classmethod
+    def _rate_prior(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if v and (len(v) != 3 or not all(x > 0 and math.isfinite(x) for x in v)):
+            raise ValueError("needs three positive numbers: prefill tokens/s, step base ms, step ms per sequence")
+        return v
 
     @field_validator("gpu_source")
     @classmethod
@@ -180,6 +199,7 @@ async def serve(cfg: AgentConfig, stop: asyncio.Event | None = None, *, token: s
                 replica_id=cfg.replica_id, pool=cfg.model, endpoint=cfg.endpoint, region=cfg.region,
                 zone=cfg.zone, gpu_indices=cfg.gpu_indices, engine_kind=cfg.engine_kind,
                 capabilities=("nvml" if nvml else "sim-gpu", "histograms", "kv_capacity"),
+                rate_prior=cfg.rate_prior,
             )
             client = StreamClient(
                 cfg.controlplane, hello, collector, report_interval_s=cfg.report_interval_s,

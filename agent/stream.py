@@ -69,8 +69,10 @@ class HelloInfo:
     gpu_indices: tuple[int, ...] = ()
     engine_kind: str = "vllm"
     capabilities: tuple[str, ...] = field(default=("histograms", "kv_capacity"))
+    rate_prior: tuple[float, ...] = ()  # (prefill tokens/s, step base ms, step ms per sequence) or ()
 
     def message(self, report_interval_s: float) -> telemetry_pb2.AgentMessage:
+        prefill, base, per_seq = self.rate_prior if len(self.rate_prior) == 3 else (0.0, 0.0, 0.0)
         return telemetry_pb2.AgentMessage(
             hello=telemetry_pb2.Hello(
                 replica_id=self.replica_id,
@@ -84,6 +86,9 @@ class HelloInfo:
                 protocol_version=PROTOCOL_VERSION,
                 capabilities=list(self.capabilities),
                 report_interval_ms=int(round(report_interval_s * 1000)),
+                prior_prefill_tokens_per_s=prefill,
+                prior_decode_step_base_ms=base,
+                prior_decode_step_per_seq_ms=per_seq,
             )
         )
 
