@@ -79,15 +79,24 @@ def test_cost_counts_own_ttft_and_the_stall_on_fragile_decoders():
     assert crowd.cost == pytest.approx(crowd.ttft_s / 2.0 + crowd.stall_tpot_s / 0.1)
 
 
-def test_unknown_rates_take_the_pool_median_then_the_default():
-    entries = [e("a", rates=dict(prefill_tokens_per_s=30_000.0, decode_step_base_ms=0.0, decode_step_per_seq_ms=0.0)),
-               e("b", rates=dict(prefill_tokens_per_s=50_000.0, decode_step_base_ms=0.0, decode_step_per_seq_ms=0.0)),
-               e("c", rates={})]
-    r = pool_rates(entries)
-    assert r["a"].prefill_tps == 30_000 and r["b"].prefill_tps == 50_000 and r["c"].prefill_tps == 40_000
-    assert r["c"].step_base_s == DEFAULT_RATES.step_base_s
-    nan = e("d", rates=dict(prefill_tokens_per_s=math.nan, decode_step_base_ms=-1.0, decode_step_per_seq_ms=math.inf))
-    assert pool_rates([nan])["d"] == DEFAULT_RATES
+def only(prefill: float = 0.0, base: float = 0.0, per_seq: float = 0.0) -> dict:
+    return dict(prefill_tokens_per_s=prefill, decode_step_base_ms=base, decode_step_per_seq_ms=per_seq)
+
+
+def test_rates_are_the_pool_median_unless_a_replica_is_another_kind_of_gpu():
+    # Fits of identical replicas differ by noise: every one gets the pool's median.
+    noisy = pool_rates([e("a", rates=only(42_000, 7.4, 0.0001)), e("b", rates=only(46_000, 9.4, 0.7)),
+                        e("c", rates=only(50_000, 8.6, 0.3)), e("d", rates={})])
+    assert {r.prefill_tps for r in noisy.values()} == {46_000}
+    assert all(r.step_base_s == pytest.approx(0.0086) and r.step_per_seq_s == pytest.approx(0.0003)
+               for r in noisy.values())
+    # A replica 3x slower at prefill (another GPU) keeps its own figure; the others take the median.
+    mixed = pool_rates([e("a", rates=only(15_000, 8.0, 0.2)), e("b", rates=only(45_000, 8.0, 0.2)),
+                        e("c", rates=only(46_000, 8.0, 0.2))])
+    assert mixed["a"].prefill_tps == 15_000 and mixed["b"].prefill_tps == mixed["c"].prefill_tps == 45_000
+    # Nothing fitted anywhere (0, NaN, inf, negative): the defaults.
+    nothing = pool_rates([e("x", rates=only(math.nan, -1.0, math.inf)), e("y", rates={})])
+    assert nothing["x"] == nothing["y"] == DEFAULT_RATES
 
 
 # ---------------------------------------------------------------------------- affinity pieces

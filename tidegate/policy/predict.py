@@ -44,29 +44,38 @@ class Rates:
 DEFAULT_RATES = Rates(prefill_tps=25_000.0, step_base_s=0.010, step_per_seq_s=0.0003)
 
 
+# A replica's own fitted figure replaces the pool's median only when it differs from it by more
+# than this factor: a different GPU or parallelism (H100 vs A100 prefill: ~3x; H200 vs H100
+# decode step: ~1.35x... ~1.5x with TP). Closer than that, per-replica fits of identical replicas
+# differ by fitting noise (measured in the simulator: prefill 43k-50k tokens/s, per-sequence step
+# 0.0001-0.7 ms across 4 identical replicas), and the median of the pool is the better estimate.
+HETEROGENEOUS = 1.5
+
+
 def pool_rates(entries: Iterable) -> dict[str, Rates]:
-    """Rates per replica id: its own fitted figures; an unknown (<= 0 or non-finite) figure takes
-    the median of the replicas of the pool that know it (same model, likely same hardware), and
-    failing that DEFAULT_RATES's."""
+    """Rates per replica id: the pool's median of each fitted figure (replicas of one pool serve
+    one model, usually on one kind of hardware), or, for a replica whose prefill rate or base
+    step differs from the median by more than HETEROGENEOUS (another kind of GPU), its own
+    figures. The per-sequence step is the noisiest fit and never decides alone. DEFAULT_RATES's
+    figure where no replica of the pool has one (<= 0 or non-finite = not fitted)."""
     entries = list(entries)
 
     def known(v: float) -> bool:
         return math.isfinite(v) and v > 0
 
-    def fill(name: str, default: float) -> float:
-        vals = [getattr(e, name, 0.0) for e in entries]
-        vals = [v for v in vals if known(v)]
-        return statistics.median(vals) if vals else default
-
-    pre = fill("prefill_tokens_per_s", DEFAULT_RATES.prefill_tps)
-    base = fill("decode_step_base_ms", DEFAULT_RATES.step_base_s * 1000.0) / 1000.0
-    per = fill("decode_step_per_seq_ms", DEFAULT_RATES.step_per_seq_s * 1000.0) / 1000.0
+    names = ("prefill_tokens_per_s", "decode_step_base_ms", "decode_step_per_seq_ms")
+    defaults = (DEFAULT_RATES.prefill_tps, DEFAULT_RATES.step_base_s * 1000.0, DEFAULT_RATES.step_per_seq_s * 1000.0)
+    medians = []
+    for name, default in zip(names, defaults, strict=True):
+        vals = [v for v in (getattr(e, name, 0.0) for e in entries) if known(v)]
+        medians.append(statistics.median(vals) if vals else default)
     out = {}
     for e in entries:
-        p = e.prefill_tokens_per_s if known(e.prefill_tokens_per_s) else pre
-        b = e.decode_step_base_ms / 1000.0 if known(e.decode_step_base_ms) else base
-        s = e.decode_step_per_seq_ms / 1000.0 if known(e.decode_step_per_seq_ms) else per
-        out[e.replica_id] = Rates(p, b, s)
+        own = [getattr(e, n, 0.0) for n in names]
+        other_kind = any(known(v) and not (1 / HETEROGENEOUS <= v / m <= HETEROGENEOUS)
+                         for v, m in zip(own[:2], medians[:2], strict=True))
+        p, b, s = (v if other_kind and known(v) else m for v, m in zip(own, medians, strict=True))
+        out[e.replica_id] = Rates(p, b / 1000.0, s / 1000.0)
     return out
 
 
