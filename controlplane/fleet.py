@@ -250,6 +250,19 @@ class FleetState:
             added.append(e.replica_id)
         return added
 
+    def fault_states(self) -> dict[str, faults.FaultState]:
+        """Every replica's fault-policy state (what `controlplane.faultbook` persists)."""
+        return {rid: rec.fault for rid, rec in self._replicas.items()}
+
+    def restore_fault(self, replica_id: str, state: faults.FaultState) -> bool:
+        """A new leader's copy of a fault state from etcd, for a replica still in the default
+        state here (what this instance learnt itself wins). Returns whether it was applied."""
+        rec = self._replicas.get(replica_id)
+        if rec is None or rec.fault != faults.FaultState():
+            return False
+        rec.fault = state
+        return True
+
     def heard_since(self, since: float) -> set[str]:
         """Replicas with a report received at or after `since` (monotonic seconds)."""
         return {rid for rid, rec in self._replicas.items() if rec.report_at is not None and rec.report_at >= since}

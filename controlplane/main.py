@@ -27,6 +27,7 @@ from pydantic import Field, field_validator
 from controlplane.admin import AdminService
 from controlplane.auth import Authenticator, load_tokens
 from controlplane.events import EventLog
+from controlplane.faultbook import FaultBook
 from controlplane.fleet import FleetState
 from controlplane.leader import Leadership, LeaderWatch
 from controlplane.metrics import Metrics
@@ -219,7 +220,8 @@ class ControlPlane:
         self.publisher = TablePublisher(self.store, cp_id, metrics=self.metrics,
                                         on_fenced=lambda reason: self.leadership.step_down("fenced"))
         self.term = Term(self.fleet, self.publisher,
-                         ContinuityConfig(warmup_s=cfg.warmup_s, stale_after_s=cfg.stale_after_s))
+                         ContinuityConfig(warmup_s=cfg.warmup_s, stale_after_s=cfg.stale_after_s),
+                         faults=FaultBook(self.store, cp_id))
         self.leader_watch = LeaderWatch(self.store, keys.ELECTION, cp_id,
                                         timeout_s=min(1.0, cfg.etcd_timeout_s))
         self.presence = LeaseKeeper(self.store, cfg.presence_ttl_s)
@@ -371,6 +373,7 @@ class ControlPlane:
             if plan is not None:
                 await self.publisher.publish(plan.tables, self.leadership.fence, hold=plan.hold,
                                              slos=self.slos.all() if self.slos.synced else None)
+                await self.term.save_faults(self.leadership.fence)
             await self._record_transitions()
             self.scale.compute(tables, self.fleet, self.slos.all())
             await self.scale.publish(lambda: self.leadership.is_leader)

@@ -3,7 +3,9 @@
 The driver around `tidegate.policy.continuity` (the pure rules). On becoming leader the term
 begins: the publisher reads the last table of every pool from etcd, the replicas in them are
 restored into the fleet as "unknown" (endpoint and location known, no report yet), and each
-tick's computed tables pass through `continuity.check` before the publisher sees them.
+tick's computed tables pass through `continuity.check` before the publisher sees them. The
+fault policy's state (ejections, backoff) is restored from etcd too and saved when it changes
+(`controlplane.faultbook`).
 Holds and carry-overs are logged when they start and when they end, not on every tick.
 """
 
@@ -15,10 +17,13 @@ from dataclasses import dataclass
 
 import structlog
 
+from controlplane.faultbook import FaultBook
 from controlplane.fleet import FleetState
 from controlplane.publisher import TablePublisher
+from tidegate.errors import StoreError
 from tidegate.policy import continuity
 from tidegate.policy.weights import compute_pool_tables
+from tidegate.store.api import Fence
 from tidegate.v1 import records_pb2
 
 log = structlog.get_logger(__name__)
@@ -33,8 +38,9 @@ class Plan:
 
 class Term:
     def __init__(self, fleet: FleetState, publisher: TablePublisher, cfg: continuity.ContinuityConfig, *,
-                 now: Callable[[], float] = time.monotonic) -> None:
+                 faults: FaultBook | None = None, now: Callable[[], float] = time.monotonic) -> None:
         self._fleet = fleet
+        self._faults = faults
         self._publisher = publisher
         self.cfg = cfg
         self._now = now
@@ -62,6 +68,12 @@ class Term:
                 added = self._fleet.restore(entries, pool, at=self.started)
                 if added:
                     log.info("term_restored", pool=pool, replicas=len(added))
+            if self._faults is not None:
+                try:
+                    await self._faults.restore(self._fleet)
+                except StoreError as e:
+                    log.info("faults_restore_failed", error=str(e))
+                    return None
             self._restored = True
         computed = compute_pool_tables(self._fleet.views(), self._fleet.policy)
         heard = self._fleet.heard_since(self.started)
@@ -76,6 +88,11 @@ class Term:
             else:
                 hold.add(pool)
         return Plan(tables, frozenset(hold), computed)
+
+    async def save_faults(self, fence: Callable[[], Fence | None]) -> None:
+        """Persists fault states that changed (not before this term read the old ones)."""
+        if self._faults is not None and self._restored:
+            await self._faults.save(self._fleet, fence)
 
     def _log_changes(self, pool: str, v: continuity.Verdict, age: float) -> None:
         if v.publish:

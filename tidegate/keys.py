@@ -10,6 +10,7 @@
     /tidegate/v1/scale/<pool>               ScaleRecommendation (written by the leader)
     /tidegate/v1/admission/<pool>           AdmissionBudget (per-router shares; written by the leader)
     /tidegate/v1/election/controlplane      etcd Election name (values: LeaderRecord)
+    /tidegate/v1/faults/<replica_id>        FaultRecord (ejection and backoff; written by the leader, fenced)
 
 Values are protobuf JSON (see `tidegate.codec`).
 """
@@ -24,6 +25,7 @@ INTENTS = PREFIX + "intents/"
 EVENTS = PREFIX + "events/"
 BUDGETS = PREFIX + "budgets/"
 ELECTION = PREFIX + "election/controlplane"
+FAULTS = PREFIX + "faults/"
 SLOS = PREFIX + "slos/"
 SCALE = PREFIX + "scale/"
 ADMISSION = PREFIX + "admission/"
@@ -43,6 +45,10 @@ def router(router_id: str) -> str:
 
 def intent(replica_id: str) -> str:
     return INTENTS + replica_id
+
+
+def fault(replica_id: str) -> str:
+    return FAULTS + replica_id
 
 
 def leaf(prefix: str, key: str) -> str:

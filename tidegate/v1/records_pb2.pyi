@@ -292,3 +292,25 @@ class ScaleRecommendation(_message.Message):
     computed_at: _timestamp_pb2.Timestamp
     leader_id: str
     def __init__(self, pool: _Optional[str] = ..., recommended_replicas: _Optional[int] = ..., current_replicas: _Optional[int] = ..., binding: _Optional[str] = ..., reason: _Optional[str] = ..., headroom: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., computed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., leader_id: _Optional[str] = ...) -> None: ...
+
+class FaultRecord(_message.Message):
+    __slots__ = ("replica_id", "ejected", "cause", "permanent", "ejected_at", "readmit_at", "ejections", "last_readmit_at", "controlplane_id")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    EJECTED_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    PERMANENT_FIELD_NUMBER: _ClassVar[int]
+    EJECTED_AT_FIELD_NUMBER: _ClassVar[int]
+    READMIT_AT_FIELD_NUMBER: _ClassVar[int]
+    EJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    LAST_READMIT_AT_FIELD_NUMBER: _ClassVar[int]
+    CONTROLPLANE_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    ejected: bool
+    cause: str
+    permanent: bool
+    ejected_at: _timestamp_pb2.Timestamp
+    readmit_at: _timestamp_pb2.Timestamp
+    ejections: int
+    last_readmit_at: _timestamp_pb2.Timestamp
+    controlplane_id: str
+    def __init__(self, replica_id: _Optional[str] = ..., ejected: _Optional[bool] = ..., cause: _Optional[str] = ..., permanent: _Optional[bool] = ..., ejected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., readmit_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ejections: _Optional[int] = ..., last_readmit_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., controlplane_id: _Optional[str] = ...) -> None: ...
