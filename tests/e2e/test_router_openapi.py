@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -162,3 +163,22 @@ def test_every_route_is_documented(live_router: str):
     routes = {(r.resource.canonical, r.method) for r in app.router.routes()  # type: ignore[union-attr]
               if r.method != "HEAD"}
     assert routes == {(p, m.upper()) for p, item in spec()["paths"].items() for m in item}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(["/v1/chat/completions", "/v1/completions"]), st.binary(max_size=300)
+       | st.text(max_size=200).map(str.encode) | st.sampled_from([b"[" * 5000, b'{"model":"' + POOL.encode() + b'"}']))
+def test_any_body_bytes_get_a_non_5xx_openai_answer(live_router: str, path: str, body: bytes):
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(live_router + path, data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    assert status < 500, (status, raw[:200])
+    if status >= 400:
+        assert set(json.loads(raw)["error"]) == {"message", "type", "param", "code"}
