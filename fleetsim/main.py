@@ -55,6 +55,7 @@ from tidegate.config import ConfigBase, ConfigError, add_flags, load
 from tidegate.fleet import capacity
 from tidegate.fleet.traces import TraceError
 from tidegate.policy import registry
+from tidegate.policy.admission import check_flag as check_admission_flag
 from tidegate.policy.admission import config_from_text as admission_config
 from tidegate.policy.registry import SloTargets
 
@@ -164,11 +165,7 @@ class SimulateConfig(ConfigBase):
     @field_validator("admission_queue", "admission_max_wait")
     @classmethod
     def _admission_values(cls, v: str, info) -> str:  # type: ignore[no-untyped-def]
-        if info.field_name == "admission_queue":
-            admission_config(v, "30s")
-        else:
-            admission_config("1024", v)
-        return v
+        return check_admission_flag(info.field_name, v)
 
     @field_validator("router_spread")
     @classmethod

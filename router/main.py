@@ -18,6 +18,7 @@ import structlog
 from aiohttp import web
 from pydantic import Field, field_validator
 
+from router.admission import AdmissionMetrics, Gate
 from router.app import MIB, build_app, make_session
 from router.budget import RetryBudget
 from router.frontdoor import (
@@ -42,6 +43,8 @@ from tidegate import keys, logs
 from tidegate.config import ConfigBase, ConfigError, EtcdFields, add_flags, load
 from tidegate.errors import StoreError
 from tidegate.policy import registry
+from tidegate.policy.admission import check_flag as check_admission_flag
+from tidegate.policy.admission import config_from_text as admission_config
 from tidegate.policy.registry import SloTargets
 from tidegate.store.api import Store
 from tidegate.store.etcd import EtcdStore
@@ -96,6 +99,23 @@ class RouterConfig(ConfigBase, EtcdFields):
     default_slo_tpot_s: float = Field(
         0.1, gt=0, description="TPOT (time per output token) target, seconds, for pools without an SLO of "
         "their own; the tidegate policy spares decoders whose TPOT a placement would break.")
+
+    admission: bool = Field(
+        False, description="Admission for policies that predict latency (tidegate): hold requests no replica "
+        "would serve within their SLO in a bounded queue per priority class, dispatch them in class order as "
+        "capacity frees, and answer 429 with Retry-After and x-tidegate-reject-reason (queue_full, "
+        "deadline_unmeetable, shed, queue_timeout) when they cannot make their deadline.")
+    admission_queue: str = Field("1024", description="Admission: requests held per pool and class: one number for "
+                                                     "every class, or critical=N,standard=N,sheddable=N.")
+    admission_max_wait: str = Field("30s", description="Admission: longest a request is held, per class: one "
+                                                       "duration (30s, 500ms) or critical=30s,standard=10s,...")
+    tpot_guard: bool = Field(True, description="Admission: hold requests that would take a replica's outstanding "
+                                               "prefill past what its TPOT target allows (TPOT protection).")
+
+    @field_validator("admission_queue", "admission_max_wait")
+    @classmethod
+    def _admission_values(cls, v: str, info) -> str:  # type: ignore[no-untyped-def]
+        return check_admission_flag(info.field_name, v)
 
     @field_validator("policy")
     @classmethod
@@ -181,6 +201,11 @@ async def serve(cfg: RouterConfig) -> int:
                                 max_json_depth=cfg.max_json_depth,
                                 trust_priority_header=cfg.trust_priority_header,
                                 default_slo=SloTargets(ttft_s=cfg.default_slo_ttft_s, tpot_s=cfg.default_slo_tpot_s)))
+    gate = None
+    if cfg.admission:
+        gate = Gate(admission_config(cfg.admission_queue, cfg.admission_max_wait, cfg.tpot_guard), time.monotonic,
+                    AdmissionMetrics(metrics.registry))
+        proxy.gate = gate
     app = build_app(proxy, tables, metrics, router_id, cfg.max_body_bytes)
     door = FrontDoor(FrontDoorLimits(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
                                      keepalive_timeout_s=cfg.keepalive_timeout_s,
@@ -227,6 +252,8 @@ async def serve(cfg: RouterConfig) -> int:
         await asyncio.gather(starter, *tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
             await keeper.close()
+        if gate is not None:
+            gate.close()
         await session.close()
         await store.close()
     log.info("router_stopped")

@@ -32,6 +32,7 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
+from router.admission import Gate, Rejected, rejection_response
 from router.budget import RetryBudget
 from router.inflight import InflightCounter
 from router.metrics import RouterMetrics
@@ -127,6 +128,8 @@ class Proxy:
         self._refusals = ConnectRefusals(clock)
         # One policy instance per pool: router-local state (cursors, prefix trees) is per pool.
         self._policies: dict[str, registry.Policy] = {}
+        # The pools' request queues and early rejection (router/admission.py); None: off.
+        self.gate: Gate | None = None
 
     def _policy(self, pool: str) -> registry.Policy:
         policy = self._policies.get(pool)
@@ -197,12 +200,47 @@ class Proxy:
 
     async def _route(self, request: web.Request, body: bytes, table: PoolTable, features: RequestFeatures,
                      t0: float, rclass: RequestClass) -> web.StreamResponse:
-        tried: list[str] = []
-        failure: _Failure | None = None
+        """Admission (dispatch now, hold, or 429), then the pick and the attempts (`_send`)."""
         policy = self._policy(table.pool)
         req = registry.RequestFeatures(prompt_tokens=features.prompt_tokens, max_tokens=features.max_tokens,
                                        prefix_hashes=features.prefix_hashes, priority=rclass.priority)
+        gate = self.gate
+        if gate is None or not gate.applies(policy):
+            return await self._send(request, body, table, features, t0, rclass, policy, req)
+        pool = table.pool
         avoid = self._refusals.avoided()
+
+        def snapshot(slo: registry.SloTargets | None) -> registry.PoolSnapshot:
+            current = self._tables.get(pool) or table
+            return registry.PoolSnapshot(current.entries, self._inflight.snapshot(), avoid, slo=slo)
+
+        outcome = await gate.admit(pool, policy, req, rclass.name, rclass.slo or registry.SloTargets(), t0, snapshot)
+        if isinstance(outcome, Rejected):
+            return rejection_response(pool, outcome)
+        sent = [not outcome.held]
+
+        def on_sent() -> None:  # exactly once per held request: the queue hands out the next one
+            if not sent[0]:
+                sent[0] = True
+                gate.sent(pool)
+
+        try:
+            return await self._send(request, body, self._tables.get(pool) or table, features, t0, rclass, policy,
+                                    req, outcome.closed, on_sent)
+        finally:
+            on_sent()
+
+    def _wake(self, pool: str) -> None:
+        if self.gate is not None:
+            self.gate.wake(pool)
+
+    async def _send(self, request: web.Request, body: bytes, table: PoolTable, features: RequestFeatures,
+                    t0: float, rclass: RequestClass, policy: registry.Policy, req: registry.RequestFeatures,
+                    closed: frozenset[str] = frozenset(),
+                    on_sent: Callable[[], None] | None = None) -> web.StreamResponse:
+        tried: list[str] = []
+        failure: _Failure | None = None
+        avoid = self._refusals.avoided() | closed
         while True:
             inflight = self._inflight.snapshot()
             choice = None
@@ -225,13 +263,16 @@ class Proxy:
             tried.append(choice.replica_id)
             self._inflight.acquire(choice.replica_id)
             registry.notify(policy, "on_dispatch", req, choice.replica_id)
+            if on_sent is not None:
+                on_sent()
             try:
                 result = await self._attempt(request, body, table, choice, features, t0,
-                                             first_token=functools.partial(registry.notify, policy, "on_first_token",
-                                                                           req, choice.replica_id))
+                                             first_token=functools.partial(self._first_token, policy, req,
+                                                                           choice.replica_id, table.pool))
             finally:
                 self._inflight.release(choice.replica_id)
                 registry.notify(policy, "on_complete", req, choice.replica_id)
+                self._wake(table.pool)
             if isinstance(result, web.StreamResponse):
                 self._refusals.succeeded(choice.replica_id)
                 self._inflight.succeeded(choice.replica_id)
@@ -252,6 +293,11 @@ class Proxy:
         if failure.kind == "timeout":
             return json_error(504, failure.message, "upstream_timeout", code="first_byte_timeout")
         return json_error(502, failure.message, "upstream_error", code=f"upstream_{failure.kind}")
+
+    def _first_token(self, policy: registry.Policy, req: registry.RequestFeatures, replica_id: str,
+                     pool: str) -> None:
+        registry.notify(policy, "on_first_token", req, replica_id)
+        self._wake(pool)  # its prefill left the replica's budget
 
     async def _attempt(self, request: web.Request, body: bytes, table: PoolTable, choice: registry.Pick,
                        features: RequestFeatures, t0: float,

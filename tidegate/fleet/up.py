@@ -50,6 +50,13 @@ class UpConfig(ConfigBase, EtcdFields):
     region: str = Field("local", description="Region label of every process.")
     report_interval_s: float = Field(1.0, gt=0, description="Agent report interval, seconds.")
     ready_timeout_s: float = Field(60.0, gt=0, description="How long to wait for the fleet to become routable.")
+    trust_priority_header: bool = Field(False, description="The router reads each request's priority class from "
+                                        "its x-tidegate-priority header (`tidegate router --trust-priority-header`).")
+    admission: bool = Field(False, description="The router holds requests in per-class queues and rejects with 429 "
+                                               "what cannot meet its deadline (`tidegate router --admission`).")
+    admission_queue: str | None = Field(None, description="The router's --admission-queue (requests held per class).")
+    admission_max_wait: str | None = Field(None, description="The router's --admission-max-wait (longest hold per "
+                                                             "class).")
     simulated_gpu: bool = Field(False, description="Agents read simulated NVML readings from their simulator "
                                 "(`--gpu-source sim`), so GPU faults can be injected through POST /sim/faults.")
 
@@ -128,6 +135,17 @@ class Fleet:
         self.children.append(child)
         return child
 
+    def _router_flags(self) -> list[str]:
+        cfg = self.cfg
+        out = ["--trust-priority-header"] if cfg.trust_priority_header else []
+        if cfg.admission:
+            out.append("--admission")
+        if cfg.admission_queue is not None:
+            out += ["--admission-queue", cfg.admission_queue]
+        if cfg.admission_max_wait is not None:
+            out += ["--admission-max-wait", cfg.admission_max_wait]
+        return out
+
     def _common(self) -> list[str]:
         lvl = self.cfg.log_level
         return ["--log-level", lvl, "--log-json"]
@@ -179,7 +197,7 @@ class Fleet:
 
         router = self._child(
             "router", "router", *etcd_access, "--port", str(cfg.router_port), "--region", cfg.region,
-            "--router-id", "router-0", *self._common())
+            "--router-id", "router-0", *self._router_flags(), *self._common())
         router_url = f"http://127.0.0.1:{router.wait_port()}"
 
         self.info = {

@@ -103,6 +103,15 @@ def parse_class_values(text: str, what: str, unit: str = "") -> dict[str, float]
     return out
 
 
+def check_flag(field_name: str, value: str) -> str:
+    """A config validator for the `admission_queue` / `admission_max_wait` flags (ValueError if bad)."""
+    if field_name.endswith("queue"):
+        config_from_text(value, "30s")
+    else:
+        config_from_text("1024", value)
+    return value
+
+
 def config_from_text(queue: str, wait: str, tpot_guard: bool = True) -> AdmissionConfig:
     """From the router's / simulator's flags (see parse_class_values); unnamed classes keep the defaults."""
     base = AdmissionConfig().limits

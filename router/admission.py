@@ -1,0 +1,236 @@
+"""Admission at the live router: one queue per pool around the pure `tidegate.policy.admission`.
+
+Per request (the proxy calls `Gate.admit` before its pick), with the pool's policy predictions:
+dispatch now, hold in the pool's queue until capacity frees, or reject. A rejection is answered
+at once with 429, `Retry-After` (seconds), `x-tidegate-reject-reason` and an OpenAI error body
+whose `code` is the reason (`rejection_response`).
+
+Held requests wait on a future. The pool's queue is pumped (`Gate.wake`) on every first token
+and completion of the pool's requests (the proxy's hooks), and by a timer while anything is held
+(at the next max-wait expiry, at most `POLL_S` later: table changes and deadlines are seen then).
+A pump hands out one dispatch at a time: the next prediction must see the last one dispatched,
+which happens when its handler has called the policy's `on_dispatch` (`Gate.sent`). A client
+that disconnects while held cancels its handler, which takes it out of the queue at once:
+nothing reaches an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from router.parse import error_body
+from tidegate.policy import admission as adm
+from tidegate.policy.registry import PoolSnapshot, RequestFeatures, SloTargets
+
+REASON_HEADER = "x-tidegate-reject-reason"
+# Longest a pool with held requests goes without a pump (table changes, deadlines).
+POLL_S = 0.1
+_WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+_MESSAGES = {
+    adm.QUEUE_FULL: "the queue for this priority class is full",
+    adm.DEADLINE_UNMEETABLE: "no replica can return a first token within the request's deadline",
+    adm.SHED: "shed to serve higher-priority requests within their deadlines",
+    adm.QUEUE_TIMEOUT: "waited in the queue for longer than this priority class may",
+}
+
+
+class AdmissionMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.held = Counter("tidegate_router_admission_held", "Requests held in the router's queue, by class.",
+                            ["model", "priority"], registry=registry)
+        self.queued = Gauge("tidegate_router_admission_queued", "Requests held in the router's queue now.",
+                            ["model", "priority"], registry=registry)
+        self.rejected = Counter("tidegate_router_admission_rejected",
+                                "Requests rejected by admission (429), by class and reason.",
+                                ["model", "priority", "reason"], registry=registry)
+        self.wait = Histogram("tidegate_router_admission_queue_wait_seconds",
+                              "Time held in the router's queue, by class and outcome "
+                              "(dispatched, rejected, disconnected).", ["model", "priority", "outcome"],
+                              buckets=_WAIT_BUCKETS, registry=registry)
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    closed: frozenset[str]          # replicas the pick must not choose (over their prefill budget)
+    held: bool = False              # it was held: call Gate.sent once it is sent (or abandoned)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    reason: str
+    retry_after_s: int
+
+
+def rejection_response(pool: str, r: Rejected) -> web.Response:
+    body = error_body(f"{_MESSAGES.get(r.reason, 'rejected')} (model {pool!r}); retry after {r.retry_after_s} s",
+                      "rate_limit_exceeded", None, r.reason)
+    return web.Response(status=429, text=json.dumps(body), content_type="application/json",
+                        headers={"Retry-After": str(r.retry_after_s), REASON_HEADER: r.reason})
+
+
+@dataclass(slots=True)
+class _Waiter:
+    future: asyncio.Future[adm.Decision]
+    request: RequestFeatures
+    slo: SloTargets | None
+    snapshot: Callable[[SloTargets | None], PoolSnapshot]
+    cls: str
+    since: float
+
+
+class _Pool:
+    __slots__ = ("busy", "name", "policy", "queue", "timer", "waiters")
+
+    def __init__(self, name: str, cfg: adm.AdmissionConfig, policy: object) -> None:
+        self.name = name
+        self.queue = adm.AdmissionQueue(cfg)
+        self.waiters: dict[int, _Waiter] = {}
+        self.busy = False       # a dispatch handed to a handler that has not sent it yet
+        self.timer: asyncio.TimerHandle | None = None
+        self.policy = policy
+
+
+class Gate:
+    """Every pool's admission queue at this router (one event loop)."""
+
+    def __init__(self, cfg: adm.AdmissionConfig, clock: Callable[[], float], metrics: AdmissionMetrics) -> None:
+        self.cfg = cfg
+        self._clock = clock
+        self._metrics = metrics
+        self._pools: dict[str, _Pool] = {}
+        self._keys = itertools.count()
+
+    @staticmethod
+    def applies(policy: object) -> bool:
+        """Admission needs the policy's predictions (the `tidegate` pick has them)."""
+        return callable(getattr(policy, "predictions", None))
+
+    def _pool(self, name: str, policy: object) -> _Pool:
+        p = self._pools.get(name)
+        if p is None or p.policy is not policy:
+            p = self._pools[name] = _Pool(name, self.cfg, policy)
+        return p
+
+    def held(self, pool: str) -> dict[str, int]:
+        p = self._pools.get(pool)
+        return p.queue.lengths() if p is not None else {}
+
+    def _placement(self, p: _Pool, snapshot: PoolSnapshot, request: RequestFeatures) -> adm.Placement:
+        preds = p.policy.predictions(snapshot, request)  # type: ignore[attr-defined]
+        return adm.placement(preds, self.cfg.tpot_guard)
+
+    async def admit(self, pool: str, policy: object, request: RequestFeatures, cls: str, slo: SloTargets,
+                    arrival_s: float, snapshot: Callable[[SloTargets | None], PoolSnapshot]) -> Admitted | Rejected:
+        """`snapshot(slo)` builds the pool's current snapshot (fresh each call: table, in-flight).
+        Returns at once unless the request is held; cancelled (client gone) -> out of the queue."""
+        p = self._pool(pool, policy)
+        snap = snapshot(slo)
+        if not snap.candidates():
+            return Admitted(frozenset())  # the pick answers 503: no routable replica
+        place = self._placement(p, snap, request)
+        key = next(self._keys)
+        d = p.queue.arrive(key, cls, self._clock(), arrival_s + slo.ttft_s, place)
+        if d.action == adm.DISPATCH and not p.busy:
+            return self._admitted(snap, d)
+        if d.action == adm.REJECT:
+            self._metrics.rejected.labels(pool, cls, d.reason).inc()
+            return Rejected(d.reason, d.retry_after_s)
+        if d.action == adm.DISPATCH:  # a held request is being sent right now: go after it
+            d = p.queue.arrive(key, cls, self._clock(), arrival_s + slo.ttft_s,
+                               adm.Placement(place.ttft_s, frozenset(), place.open_ttft_s, place.prefill_tps,
+                                             place.prefill_tokens))
+            if d.action == adm.REJECT:
+                self._metrics.rejected.labels(pool, cls, d.reason).inc()
+                return Rejected(d.reason, d.retry_after_s)
+        fut: asyncio.Future[adm.Decision] = asyncio.get_running_loop().create_future()
+        p.waiters[key] = _Waiter(fut, request, slo, snapshot, cls, self._clock())
+        self._metrics.held.labels(pool, cls).inc()
+        self._metrics.queued.labels(pool, cls).inc()
+        self._arm(p)
+        try:
+            d = await fut
+        except asyncio.CancelledError:
+            w = p.waiters.pop(key, None)
+            if w is not None:  # still held: gone from the queue, nothing was sent
+                p.queue.remove(key)
+                self._left(p, w, "disconnected")
+            elif fut.done() and not fut.cancelled() and fut.result().action == adm.DISPATCH:
+                self.sent(pool)  # handed a dispatch it will never make
+            raise
+        if d.action == adm.REJECT:
+            return Rejected(d.reason, d.retry_after_s)
+        return self._admitted(snapshot(slo), d, held=True)
+
+    @staticmethod
+    def _admitted(snap: PoolSnapshot, d: adm.Decision, held: bool = False) -> Admitted:
+        return Admitted(frozenset(e.replica_id for e in snap.entries if e.replica_id not in d.open), held)
+
+    def _left(self, p: _Pool, w: _Waiter, outcome: str) -> None:
+        self._metrics.queued.labels(p.name, w.cls).dec()
+        self._metrics.wait.labels(p.name, w.cls, outcome).observe(max(0.0, self._clock() - w.since))
+
+    def sent(self, pool: str) -> None:
+        """The handler of a dispatched held request has sent it (or given up): next one."""
+        p = self._pools.get(pool)
+        if p is not None and p.busy:
+            p.busy = False
+            self.wake(pool)
+
+    def wake(self, pool: str) -> None:
+        """Capacity may have freed (first token, completion, timer): pump the pool's queue."""
+        p = self._pools.get(pool)
+        if p is None or p.busy or not len(p.queue):
+            return
+
+        def predict(h: adm.Held) -> adm.Placement:
+            w = p.waiters[h.key]  # type: ignore[index]
+            return self._placement(p, w.snapshot(w.slo), w.request)
+
+        def dispatch(h: adm.Held, d: adm.Decision) -> None:
+            w = p.waiters.pop(h.key)  # type: ignore[call-overload]
+            p.busy = True
+            self._left(p, w, "dispatched")
+            w.future.set_result(d)
+
+        def reject(h: adm.Held, d: adm.Decision) -> None:
+            w = p.waiters.pop(h.key)  # type: ignore[call-overload]
+            self._metrics.rejected.labels(p.name, w.cls, d.reason).inc()
+            self._left(p, w, "rejected")
+            w.future.set_result(d)
+
+        adm.pump(p.queue, self._clock(), predict, dispatch, reject, max_dispatch=1)
+        self._arm(p)
+
+    def _arm(self, p: _Pool) -> None:
+        if p.timer is not None:
+            p.timer.cancel()
+            p.timer = None
+        if not len(p.queue):
+            return
+        now = self._clock()
+        expiry = p.queue.next_expiry()
+        delay = POLL_S if expiry is None else min(POLL_S, max(0.0, expiry - now))
+        p.timer = asyncio.get_running_loop().call_later(delay, self._tick, p.name)
+
+    def _tick(self, pool: str) -> None:
+        p = self._pools.get(pool)
+        if p is None:
+            return
+        p.timer = None
+        if p.busy:
+            self._arm(p)
+        else:
+            self.wake(pool)
+
+    def close(self) -> None:
+        for p in self._pools.values():
+            if p.timer is not None:
+                p.timer.cancel()
+                p.timer = None
