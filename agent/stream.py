@@ -167,6 +167,7 @@ class StreamClient:
         attempt = 0
         target = self._targets[0]
         failed_at: dict[str, float] = {}
+        hopped = False  # the last stream was opened on a hint and ended without serving
         while not stop.is_set():
             started = self._clock()
             self._ended = Ended()
@@ -177,8 +178,15 @@ class StreamClient:
             if now - started > self._stable_s:
                 attempt = 0
             nxt, how = next_target(self._targets, target, self._ended, failed_at, now)
-            if how == "leader":
+            if now - started > 1.0:
+                hopped = False  # that stream served: whatever named it was right
+            if how == "leader" and not hopped:
                 delay = self._rng() * 0.05  # a hint reaches every agent at once: spread them a little
+            elif how == "leader":
+                # Two control planes naming each other (their views of etcd a poll apart): follow
+                # the hint, but not in a tight loop.
+                delay = backoff_delay(min(attempt, 1), self._rng, self._initial, self._max)
+                attempt += 1
             elif how == "standby":
                 # Not a failure of ours: the election is under way. Retry soon, without growing
                 # the backoff (a few per second per agent, for one election TTL at most).
@@ -189,7 +197,7 @@ class StreamClient:
                 attempt += 1
             log.warning("stream_closed", target=target, reason=reason, next_target=nxt, how=how,
                         retry_in_s=round(delay, 3))
-            target = nxt
+            target, hopped = nxt, how == "leader"
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
 
