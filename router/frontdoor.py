@@ -51,9 +51,15 @@ log = structlog.get_logger(__name__)
 
 LISTEN_BACKLOG = 4096   # the kernel's queue of connections not yet accepted
 ACCEPT_BATCH = 128      # sockets asyncio accepts per loop turn
+# A refused connection is half-closed after its 503 and kept until the client closes (at most
+# REFUSE_LINGER_S): closing at once, with the client's request unread, would send a reset that
+# can destroy the 503 before the client reads it. At most REFUSE_LINGER_MAX at a time.
+REFUSE_LINGER_S = 1.0
+REFUSE_LINGER_MAX = 256
 # Descriptors beyond clients and engines: etcd channels, logs, the event loop, the listener,
-# plus one batch of accepted sockets and as many evicted ones not yet released (module docstring).
-FD_RESERVE = 2 * ACCEPT_BATCH + 256
+# one batch of accepted sockets and as many evicted ones not yet released (module docstring),
+# and the lingering refused connections.
+FD_RESERVE = 2 * ACCEPT_BATCH + REFUSE_LINGER_MAX + 256
 # How many least-recently-active connections one newcomer may look at for an idle one.
 EVICT_SCAN = 64
 # A connection quiet for less than this is never evicted: a real client that just connected
@@ -182,6 +188,7 @@ class FrontDoor:
         self.table: ConnectionTable[GuardedRequestHandler] = ConnectionTable(limits.max_client_connections)
         self._on_event = on_event or (lambda _kind: None)
         self._ratelog = LogRateLimiter(clock)
+        self.refused_lingering = 0
 
     def event(self, kind: str, **fields: Any) -> None:
         """Counts an event and logs it, at most once per interval per kind."""
@@ -192,15 +199,36 @@ class FrontDoor:
 
 
 class _Refuse(asyncio.Protocol):
-    """The connection beyond the limit: one fixed answer, then close."""
+    """The connection beyond the limit: one fixed answer, then close (see REFUSE_LINGER_S)."""
+
+    def __init__(self, door: FrontDoor) -> None:
+        self._door = door
+        self._lingering = False
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         transport.write(BUSY_RESPONSE)
-        transport.close()
+        if self._door.refused_lingering >= REFUSE_LINGER_MAX or not transport.can_write_eof():
+            transport.close()
+            return
+        self._door.refused_lingering += 1
+        self._lingering = True
+        transport.write_eof()
+        self._timer = asyncio.get_running_loop().call_later(REFUSE_LINGER_S, transport.close)
 
     def data_received(self, data: bytes) -> None:
         pass  # never parsed
+
+    def eof_received(self) -> bool:
+        return False  # the client closed: so do we
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._lingering:
+            self._lingering = False
+            self._door.refused_lingering -= 1
 
 
 def _parse_error(exc: BaseException | None) -> tuple[str, str]:
@@ -313,7 +341,7 @@ class _GuardedServer(web.Server):
             door.event("evicted")
         if not admit:
             door.event("refused", limit=door.table.limit)
-            return _Refuse()
+            return _Refuse(door)
         handler = GuardedRequestHandler(self, door=door, loop=self._loop, **self._kwargs)
         door.table.add(handler, now)
         return handler
