@@ -120,6 +120,7 @@ class _Streams(grpc.aio.UnaryStreamClientInterceptor, grpc.aio.StreamUnaryClient
 
     def __init__(self, token: _Token) -> None:
         self._token = token
+        self._checks: set[asyncio.Task[None]] = set()  # held so that they are not collected mid-way
 
     async def _open(self, continuation: Callable[..., Any], details: grpc.aio.ClientCallDetails, arg: Any) -> Any:
         tok = await self._token.get()
@@ -129,7 +130,12 @@ class _Streams(grpc.aio.UnaryStreamClientInterceptor, grpc.aio.StreamUnaryClient
             if _rejected(await call.code()):
                 self._token.drop(tok)
 
-        call.add_done_callback(lambda _: asyncio.ensure_future(check()))
+        def on_done(_: object) -> None:
+            task = asyncio.ensure_future(check())
+            self._checks.add(task)
+            task.add_done_callback(self._checks.discard)
+
+        call.add_done_callback(on_done)
         return call
 
     async def intercept_unary_stream(self, continuation: Callable[..., Any], details: grpc.aio.ClientCallDetails,
