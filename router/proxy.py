@@ -37,6 +37,7 @@ from router.budget import RetryBudget
 from router.inflight import InflightCounter
 from router.metrics import RouterMetrics
 from router.parse import DEFAULT_MAX_JSON_DEPTH, BadRequest, error_body, parse_request, request_prefix_hashes
+from router.ratelog import LogRateLimiter
 from router.refusals import ConnectRefusals
 from router.reqclass import BadHeader, RequestClass, classify
 from router.tables import PoolTable, RoutingTables
@@ -126,10 +127,18 @@ class Proxy:
         self._settings = settings
         self._clock = clock
         self._refusals = ConnectRefusals(clock)
+        # per-request warnings repeat at request rate when an engine or the budget fails
+        self._ratelog = LogRateLimiter(clock)
         # One policy instance per pool: router-local state (cursors, prefix trees) is per pool.
         self._policies: dict[str, registry.Policy] = {}
         # The pools' request queues and early rejection (router/admission.py); None: off.
         self.gate: Gate | None = None
+
+    def _log_limited(self, key: str, event: str, level: str = "warning", **fields: Any) -> None:
+        """At most one line per key per interval, with the count of the lines left out."""
+        suppressed = self._ratelog.check(key)
+        if suppressed is not None:
+            getattr(log, level)(event, suppressed=suppressed, **fields)
 
     def _policy(self, pool: str) -> registry.Policy:
         policy = self._policies.get(pool)
@@ -257,7 +266,8 @@ class Proxy:
                     break
                 if not self._budget.try_spend():
                     self._metrics.retry_refused.inc()
-                    log.warning("retry_budget_exhausted", pool=table.pool)
+                    self._log_limited(f"retry_budget_exhausted:{table.pool}", "retry_budget_exhausted",
+                                      pool=table.pool)
                     break
                 self._metrics.retries.labels(table.pool, failure.kind).inc()
             tried.append(choice.replica_id)
@@ -282,8 +292,9 @@ class Proxy:
             if failure.kind == "connect":
                 self._refusals.refused(choice.replica_id)
             self._metrics.upstream_errors.labels(choice.replica_id, failure.kind).inc()
-            log.warning("upstream_attempt_failed", pool=table.pool, replica_id=choice.replica_id,
-                        kind=failure.kind, status=failure.status, attempt=len(tried), error=failure.message)
+            self._log_limited(f"upstream_attempt_failed:{choice.replica_id}:{failure.kind}",
+                              "upstream_attempt_failed", pool=table.pool, replica_id=choice.replica_id,
+                              kind=failure.kind, status=failure.status, attempt=len(tried), error=failure.message)
         if failure is None:
             return json_error(503, f"no routable replica for model {table.pool!r}", "service_unavailable",
                               code="no_routable_replica", headers={"Retry-After": "1"})
@@ -359,8 +370,8 @@ class Proxy:
                     chunk = await upstream.content.readany()
                 except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
                     self._metrics.upstream_errors.labels(choice.replica_id, "midstream").inc()
-                    log.warning("upstream_stream_broken", pool=table.pool, replica_id=choice.replica_id,
-                                error=exc.__class__.__name__)
+                    self._log_limited(f"upstream_stream_broken:{choice.replica_id}", "upstream_stream_broken",
+                                      pool=table.pool, replica_id=choice.replica_id, error=exc.__class__.__name__)
                     request[_STATUS] = "502"
                     if is_sse:
                         await out.write(_sse_error("the engine connection broke mid-stream"))
@@ -376,5 +387,6 @@ class Proxy:
         except ConnectionResetError:  # the client went away while we wrote to it
             request[_STATUS] = "499"
             self._metrics.client_disconnects.inc()
-            log.info("client_disconnected", pool=table.pool, replica_id=choice.replica_id)
+            self._log_limited("client_disconnected", "client_disconnected", level="info", pool=table.pool,
+                              replica_id=choice.replica_id)
         return out
