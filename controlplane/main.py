@@ -25,6 +25,7 @@ from prometheus_client import start_http_server
 from pydantic import Field, field_validator
 
 from controlplane.admin import AdminService
+from controlplane.admission_budgets import BudgetPublisher, tokens_of
 from controlplane.auth import Authenticator, load_tokens
 from controlplane.events import EventLog
 from controlplane.faultbook import FaultBook
@@ -44,6 +45,8 @@ from controlplane.telemetry_auth import (
 from controlplane.term import Term
 from tidegate import codec, config, keys, logs
 from tidegate.errors import StoreError
+from tidegate.policy.admission import parse_class_values
+from tidegate.policy.admission_budget import DEFAULT_CLASS_FRACTION, BudgetConfig, Tokens
 from tidegate.policy.continuity import ContinuityConfig
 from tidegate.policy.faults import FaultPolicyConfig
 from tidegate.policy.feedback import FeedbackConfig
@@ -116,6 +119,11 @@ class ControlPlaneConfig(config.ConfigBase, config.EtcdFields):
     outlier_panic_threshold_percent: float = Field(50.0, ge=0, le=100, description="Below this percent of "
                                                    "healthy replicas a pool panics: outlier ejections are "
                                                    "lifted and routers use every replica (0 = never).")
+    admission_budgets: bool = Field(True, description="Publish each pool's admission budget and every live "
+                                    "router's share of it (/tidegate/v1/admission/<pool>; docs/OPERATIONS.md).")
+    admission_class_fraction: str = Field(
+        "critical=1,standard=0.9,sheddable=0.7", description="Fraction of a router's budget share each class may "
+        "fill, CLASS=FRACTION comma-separated (lower classes stop first, leaving room for higher ones).")
     outlier_backoff_s: float = Field(30.0, gt=0, description="First outlier ejection's length; doubles per "
                                      "ejection in a row, up to 10x.")
     warmup_s: float = Field(5.0, ge=0, description="A new leader publishes nothing for up to this long while "
@@ -129,6 +137,12 @@ class ControlPlaneConfig(config.ConfigBase, config.EtcdFields):
         AllowedNetworks.parse(items)  # ValueError names the bad entry
         return items
 
+    @field_validator("admission_class_fraction")
+    @classmethod
+    def _class_fraction(cls, v: str) -> str:
+        budget_config(v)  # ValueError names the bad entry
+        return v
+
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: str) -> str:
@@ -139,6 +153,11 @@ class ControlPlaneConfig(config.ConfigBase, config.EtcdFields):
 
 
 CONFIG_CLASS = ControlPlaneConfig
+
+
+def budget_config(class_fraction: str) -> BudgetConfig:
+    values = parse_class_values(class_fraction, "admission_class_fraction")
+    return BudgetConfig(class_fraction={**DEFAULT_CLASS_FRACTION, **values})
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -239,6 +258,9 @@ class ControlPlane:
         self.scale = ScaleReporter(self.store, cp_id, registry=self.metrics.registry, config=ScaleConfig(
             min_replicas=cfg.scale_min_replicas, headroom=cfg.scale_headroom))
         self.events = EventLog(self.store, cp_id, keep=cfg.events_keep)
+        self.budgets = BudgetPublisher(self.store, cp_id, budget_config(cfg.admission_class_fraction))
+        self._live_routers: set[str] = set()
+        self._router_demand: dict[str, dict[str, Tokens]] = {}
         self._intent_cache: dict[str, tuple[int, records_pb2.ReplicaIntent]] = {}
         # Intents written by this instance that its WatchCache may not have seen yet:
         # replica -> (revision of the write, intent or None when deleted).
@@ -263,6 +285,7 @@ class ControlPlane:
         self.term.begin()
         self.leader_watch.elected()
         self.scale.reset()
+        self.budgets.reset()
         self._last_state.clear()
         self.metrics.leader.set(1)
         task = asyncio.get_running_loop().create_task(
@@ -300,6 +323,8 @@ class ControlPlane:
     def _refresh_routers(self) -> None:
         total: dict[str, int] = {}
         streaks: dict[str, int] = {}
+        live: set[str] = set()
+        demand: dict[str, dict[str, Tokens]] = {}
         for key, kv in self.routers.items().items():
             try:
                 rp = codec.decode(kv.value, records_pb2.RouterPresence)
@@ -310,6 +335,11 @@ class ControlPlane:
                 total[rid] = total.get(rid, 0) + max(0, n)
             for rid, n in rp.consecutive_errors_by_replica.items():
                 streaks[rid] = max(streaks.get(rid, 0), n)
+            router_id = keys.leaf(keys.ROUTERS, key)
+            live.add(router_id)
+            for pool, want in rp.demand_by_pool.items():
+                demand.setdefault(pool, {})[router_id] = tokens_of(want)
+        self._live_routers, self._router_demand = live, demand
         self.fleet.set_router_inflight(total)
         self.fleet.set_router_error_streaks(streaks)
 
@@ -377,6 +407,9 @@ class ControlPlane:
             await self._record_transitions()
             self.scale.compute(tables, self.fleet, self.slos.all())
             await self.scale.publish(lambda: self.leadership.is_leader)
+            if self.cfg.admission_budgets:
+                self.budgets.compute(tables, self.fleet, self.slos.all(), self._live_routers, self._router_demand)
+                await self.budgets.publish(lambda: self.leadership.is_leader)
         elapsed = time.perf_counter() - started
         self.metrics.tick_seconds.observe(elapsed)
         if elapsed > self.cfg.tick_s:

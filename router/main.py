@@ -19,6 +19,7 @@ from aiohttp import web
 from pydantic import Field, field_validator
 
 from router.admission import AdmissionMetrics, Gate
+from router.admission_budgets import AdmissionBudgets
 from router.app import MIB, build_app, make_session
 from router.budget import RetryBudget
 from router.frontdoor import (
@@ -229,8 +230,10 @@ async def serve(cfg: RouterConfig) -> int:
 
     store = EtcdStore(cfg.etcd, timeout_s=cfg.etcd_timeout_s, security=cfg.etcd_security())
     keeper = LeaseKeeper(store, PRESENCE_TTL_S)
+    budgets = AdmissionBudgets(store, router_id)
+    proxy.admission_budgets = budgets
     presence = PresencePublisher(keeper, router_id, cfg.region, f"http://{cfg.host}:{port}", inflight, tables,
-                                 interval_s=PRESENCE_INTERVAL_S)
+                                 interval_s=PRESENCE_INTERVAL_S, budgets=budgets)
     tasks: list[asyncio.Task[None]] = []
 
     async def background() -> None:
@@ -238,6 +241,7 @@ async def serve(cfg: RouterConfig) -> int:
         tasks.append(asyncio.create_task(_sync_tables(store, tables), name="tables"))
         tasks.append(asyncio.create_task(keeper.run(), name="lease"))
         tasks.append(asyncio.create_task(presence.run(), name="presence"))
+        tasks.append(asyncio.create_task(budgets.run(), name="admission_budgets"))
 
     starter = asyncio.create_task(background(), name="connect")
     try:

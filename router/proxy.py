@@ -33,6 +33,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from router.admission import Gate, Rejected, rejection_response
+from router.admission_budgets import AdmissionBudgets
 from router.budget import RetryBudget
 from router.inflight import InflightCounter
 from router.metrics import RouterMetrics
@@ -58,6 +59,8 @@ _DROP_REQUEST = HOP_BY_HOP | {
 }
 _DROP_RESPONSE = HOP_BY_HOP | {"content-length", "server", "date"}
 REPLICA_HEADER = "X-Tidegate-Replica"
+REJECT_HEADER = "X-Tidegate-Reject-Reason"     # why a 429 (budget_exhausted; the queue's reasons)
+BUDGET_EXHAUSTED = "budget_exhausted"
 _POOL = web.RequestKey("tidegate_pool", str)      # the pool, once the model is known to be one
 _STATUS = web.RequestKey("tidegate_status", str)  # metric status when it differs from the HTTP one
 _CLASS = web.RequestKey("tidegate_class", str)    # the priority class, once read
@@ -133,6 +136,8 @@ class Proxy:
         self._policies: dict[str, registry.Policy] = {}
         # The pools' request queues and early rejection (router/admission.py); None: off.
         self.gate: Gate | None = None
+        # This router's shares of the pools' admission budgets (router/admission_budgets.py); None: off.
+        self.admission_budgets: AdmissionBudgets | None = None
 
     def _log_limited(self, key: str, event: str, level: str = "warning", **fields: Any) -> None:
         """At most one line per key per interval, with the count of the lines left out."""
@@ -205,7 +210,20 @@ class Proxy:
         self._budget.on_request()
         if getattr(self._policy(table.pool), "uses_prefix_hashes", False):
             features = dataclasses.replace(features, prefix_hashes=request_prefix_hashes(request.path, payload))
-        return await self._route(request, body, table, features, t0, rclass)
+        if self.admission_budgets is None:
+            return await self._route(request, body, table, features, t0, rclass)
+        pool_budget = self.admission_budgets.get(table.pool)
+        max_tokens = features.max_tokens or 0
+        if not pool_budget.allows(rclass.name, features.prompt_tokens, max_tokens):
+            pool_budget.refused(features.prompt_tokens, max_tokens)
+            return json_error(429, f"this router's share of the admission budget of {table.pool!r} is in use",
+                              "rate_limit_exceeded", code=BUDGET_EXHAUSTED,
+                              headers={"Retry-After": "1", REJECT_HEADER: BUDGET_EXHAUSTED})
+        hold = pool_budget.acquire(features.prompt_tokens, max_tokens)
+        try:
+            return await self._route(request, body, table, features, t0, rclass)
+        finally:
+            hold.release()
 
     async def _route(self, request: web.Request, body: bytes, table: PoolTable, features: RequestFeatures,
                      t0: float, rclass: RequestClass) -> web.StreamResponse:

@@ -1,0 +1,127 @@
+"""Admission budgets shared by two real routers through a real etcd (a `tidegate up` fleet plus a
+second router process): the leader publishes the pool's budget and one share per live router;
+a burst of held-open requests (a real step-time profile, 1,500 tokens each) split evenly over
+both routers is admitted within 10 % of the budget in total, the rest answered 429
+`budget_exhausted` at once; a router killed with SIGKILL drops out of the split when its
+presence lease expires, and its share goes back to the other."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from polling import wait_until  # type: ignore[import-not-found]
+from test_cli import Cli  # type: ignore[import-not-found]
+from test_pool_slo import _etcd_json  # type: ignore[import-not-found]
+from test_rates_published import WORDS  # type: ignore[import-not-found]
+
+from simulator.tokens import count_completion_prompt_tokens
+from tidegate.fleet import endpoints
+from tidegate.fleet.up import Fleet, UpConfig
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "budget-model"
+MAX_TOKENS = 1500
+ROUTER_TTL_S = 10   # router/main.py PRESENCE_TTL_S
+
+
+@pytest.fixture
+def fleet(fresh_etcd: Any, tmp_path: Path) -> Iterator[tuple[Fleet, dict[str, Any], Cli, str]]:
+    cfg = UpConfig(replicas=1, model=MODEL, profile="llama3-8b-h100", etcd=(fresh_etcd.endpoint,),
+                   run_dir=tmp_path / "run", report_interval_s=0.5, ready_timeout_s=60)
+    fl = Fleet(cfg)
+    try:
+        info = fl.start()
+        endpoints.write(tmp_path / "home" / "endpoints.json", info)
+        second = fl._child("router-1", "router", "--etcd", info["etcd"], "--port", "0", "--region", "local",
+                           "--router-id", "router-1", "--log-level", "info", "--log-json")
+        yield fl, info, Cli(tmp_path / "home"), f"http://127.0.0.1:{second.wait_port()}"
+    finally:
+        fl.stop()
+
+
+def _budget(info: dict[str, Any]) -> dict[str, Any]:
+    return _etcd_json(info, f"/tidegate/v1/admission/{MODEL}")
+
+
+def _send(url: str, prompt: str, max_tokens: int = MAX_TOKENS) -> int:
+    req = urllib.request.Request(url + "/v1/completions", method="POST",
+                                 data=json.dumps({"model": MODEL, "prompt": prompt,
+                                                  "max_tokens": max_tokens}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            resp.read()
+            return resp.status
+    except urllib.error.HTTPError as e:
+        if e.code == 429:
+            assert e.headers["Retry-After"] and e.headers["X-Tidegate-Reject-Reason"] == "budget_exhausted"
+            assert json.loads(e.read())["error"]["code"] == "budget_exhausted"
+        return e.code
+
+
+def _capacity(total: dict[str, float], fraction: float, prompt_tokens: int) -> float:
+    """Requests of this size the whole budget admits (the binding unit decides)."""
+    per = {"prefillTokens": prompt_tokens, "kvTokens": prompt_tokens + MAX_TOKENS, "sequences": 1}
+    return min(total.get(unit, 0.0) * fraction / size for unit, size in per.items())
+
+
+def test_two_routers_share_one_budget(fleet: tuple[Fleet, dict[str, Any], Cli, str]) -> None:
+    fl, info, cli, second_url = fleet
+    r = cli("pool", "set-slo", MODEL, "--ttft", "250ms", "--tpot", "100ms")
+    assert r.returncode == 0, r.stderr
+
+    # Engine rates are fitted from telemetry (no profile prior here): give the fit some evidence.
+    rng = random.Random(7)
+    warm = [" ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(500)) for _ in range(24)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        assert set(pool.map(lambda p: _send(info["router_url"], p, 48), warm)) == {200}
+
+    def both_listed() -> bool:
+        b = _budget(info)
+        return "total" in b and set(b.get("shareByRouter", {})) == {"router-0", "router-1"}
+    try:
+        wait_until(both_listed, 30, "a budget with a share for each router")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {_budget(info)}") from None
+    budget = _budget(info)
+    shares = budget["shareByRouter"]
+    total = budget["total"]
+    assert sum(s["prefillTokens"] for s in shares.values()) == pytest.approx(total["prefillTokens"], rel=1e-6)
+
+    rng = random.Random(11)
+    prompts = [" ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(400)) for _ in range(260)]
+    size = max(count_completion_prompt_tokens(p) for p in prompts)
+    expected = _capacity(total, budget["classFraction"]["standard"], size)
+    assert 20 <= expected <= 100, (expected, total, size)   # the burst below must overrun it
+    n = int(expected * 2.5) // 2 * 2
+    urls = [info["router_url"], second_url] * (n // 2)
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        codes = list(pool.map(_send, urls, prompts[:n]))
+    admitted = codes.count(200)
+    print(f"admission budget: {admitted} admitted of {n}, budget admits {expected:.1f} ({size} prompt tokens each)")
+    assert set(codes) <= {200, 429}, codes
+    assert abs(admitted - expected) <= 0.1 * expected, (admitted, expected, budget)
+    assert codes[0::2].count(200) > 0 and codes[1::2].count(200) > 0
+
+    # One router dies without a goodbye: its lease expires and the other gets the whole budget.
+    child = next(c for c in fl.children if c.name == "router-1")
+    assert child.proc is not None
+    child.proc.send_signal(signal.SIGKILL)
+    child.proc.wait(timeout=10)
+
+    def alone() -> bool:
+        b = _budget(info)
+        return set(b.get("shareByRouter", {})) == {"router-0"}
+    wait_until(alone, ROUTER_TTL_S + 10, "the dead router's share to return")
+    b = _budget(info)
+    assert b["shareByRouter"]["router-0"]["prefillTokens"] == pytest.approx(b["total"]["prefillTokens"], rel=1e-6)

@@ -1,0 +1,71 @@
+"""Admission budgets between the leader and the routers, over an in-memory store: the leader's
+records (BudgetPublisher), a router's view of its share (AdmissionBudgets) and its presence."""
+
+from __future__ import annotations
+
+import asyncio
+
+from controlplane.admission_budgets import BudgetPublisher
+from controlplane.fleet import FleetState
+from router.admission_budgets import AdmissionBudgets
+from tidegate import codec, keys
+from tidegate.policy.admission_budget import Tokens
+from tidegate.policy.weights import WeightPolicyConfig
+from tidegate.store.api import KeyValue
+from tidegate.store.memory import InMemoryStore
+from tidegate.v1 import records_pb2
+
+RS = records_pb2.ReplicaState
+
+
+def entry(rid: str, state: int = RS.REPLICA_STATE_READY) -> records_pb2.RouteEntry:
+    return records_pb2.RouteEntry(replica_id=rid, state=state, weight=50, kv_capacity_tokens=100000,
+                                  prefill_tokens_per_s=10000, decode_step_base_ms=20, decode_step_per_seq_ms=0.5)
+
+
+SLO = {"m": records_pb2.PoolSlo(pool="m", ttft_s=2.0, tpot_s=0.1)}
+
+
+def test_publisher_splits_and_rewrites_only_on_a_real_move() -> None:
+    async def go() -> None:
+        store = InMemoryStore()
+        pub = BudgetPublisher(store, "cp", wall_clock=lambda: 1000.0)
+        fleet = FleetState(WeightPolicyConfig(), now=lambda: 0.0)
+        tables = {"m": [entry("a"), entry("b"), entry("c", RS.REPLICA_STATE_CORDONED)], "n": [entry("x")]}
+        out = pub.compute(tables, fleet, SLO, {"r1", "r2"}, {"m": {"r1": Tokens(30000, 0, 0)}})
+        m = out["m"]
+        assert (m.total.prefill_tokens, m.total.kv_tokens, m.total.sequences) == (40000, 200000, 320)
+        assert m.share_by_router["r1"].prefill_tokens == 30000 + 4000   # its demand + half the leftover
+        assert not out["n"].HasField("total") and out["n"].reason == "no SLO targets"
+        assert await pub.publish(lambda: True) == ["m", "n"]
+        stored = codec.decode((await store.get(keys.admission("m"))).value, records_pb2.AdmissionBudget)
+        assert set(stored.share_by_router) == {"r1", "r2"}
+        pub.compute(tables, fleet, SLO, {"r1", "r2"}, {"m": {"r1": Tokens(30100, 0, 0)}})
+        assert await pub.publish(lambda: True) == []                     # under 2 % of the total
+        pub.compute(tables, fleet, SLO, {"r1"}, {})
+        assert await pub.publish(lambda: True) == ["m"]                  # a router left
+        assert await pub.publish(lambda: False) == []
+    asyncio.run(go())
+
+
+def test_router_takes_its_own_share() -> None:
+    rec = records_pb2.AdmissionBudget(pool="m", total=records_pb2.TokenBudget(prefill_tokens=100, kv_tokens=1000,
+                                                                              sequences=10),
+                                      class_fraction={"sheddable": 0.5})
+    rec.share_by_router["me"].CopyFrom(records_pb2.TokenBudget(prefill_tokens=40, kv_tokens=400, sequences=4))
+    b = AdmissionBudgets(None, "me")
+    key = keys.admission("m")
+    b.apply(key, KeyValue(key, codec.encode(rec), 1))
+    pool = b.get("m")
+    assert pool.share == Tokens(40, 400, 4) and pool.class_fraction["sheddable"] == 0.5
+    pool.acquire(20, 20)
+    assert not pool.allows("sheddable", 1, 0) and pool.allows("critical", 20, 0)
+    pool.refused(5, 0)
+    assert b.demand() == {"m": Tokens(25, 45, 2)}
+    other = AdmissionBudgets(None, "someone-else")
+    other.apply(key, KeyValue(key, codec.encode(rec), 1))
+    assert other.get("m").share is None                                # not listed yet: no limit
+    b.apply(key, KeyValue(key, b"garbage", 2))                         # kept as it was
+    assert pool.share == Tokens(40, 400, 4)
+    b.apply(key, None)
+    assert pool.share is None
