@@ -229,6 +229,27 @@ def test_own_load_is_scaled_to_the_pool_by_this_routers_share(table_inflight, sc
     assert got["a"].ttft_s - got["b"].ttft_s == pytest.approx(10_000 * scale / rate, rel=0.1)
 
 
+def test_a_replica_without_kv_room_is_used_only_when_none_has_room():
+    pol = TidegatePolicy()
+    pol.on_dispatch(req(20_000, rid="queued"), "b")               # b: 20k tokens of prefill queued
+    full = e("a", free=10_000)                                     # a: idle, but its KV is nearly full
+    assert pol.pick(PoolSnapshot((full, e("b"))), req(30_000, rid="doc"), random.Random(0)).replica_id == "b"
+    both = PoolSnapshot((full, e("b", free=10_000)))
+    assert pol.pick(both, req(30_000, rid="doc2"), random.Random(0)) is not None
+
+
+def test_own_ttft_target_outranks_sparing_decoders():
+    pol = TidegatePolicy(slo=SloTargets(ttft_s=1.0, tpot_s=0.1))
+    for i in range(8):                                             # fragile decoders on a (idle prefill)
+        r = req(200, out=3, rid=f"s{i}")
+        pol.on_dispatch(r, "a")
+        pol.on_first_token(r, "a")
+    pol.on_dispatch(req(45_000, rid="q"), "b")                     # b: a second of prefill queued
+    # A 30k-token document misses its 1 s TTFT on b; on a it meets it, at the decoders' expense.
+    p = pol.pick(PoolSnapshot((e("a"), e("b"))), req(30_000, out=300, rid="doc"), random.Random(0))
+    assert p.replica_id == "a"
+
+
 def test_tpot_misfit_is_avoided_and_all_misfit_falls_back():
     pol = TidegatePolicy(slo=SloTargets(ttft_s=2.0, tpot_s=0.02))
     slow = dict(prefill_tokens_per_s=45_000.0, decode_step_base_ms=25.0, decode_step_per_seq_ms=0.1)

@@ -9,7 +9,8 @@ Pipeline per request (pure: snapshot + request + rng in, pick out):
 3. predict     TTFT, TPOT and the SLO budget the placement uses up (predict.py) on each
                candidate, with the prompt tokens expected to hit that replica's prefix cache
                (affinity.PrefixIndex) taken off its prefill;
-4. fit         keep the candidates whose predicted TPOT meets the target (none: keep all);
+4. fit         keep the candidates predicted to meet both targets with KV room to spare (else
+               relax: KV room, then TPOT, then TTFT; see README.md);
 5. band        keep those whose cost is within BAND_C of the cheapest (bounded load);
 6. choose      prompts with prefix blocks: in the band, the replica with the most cached tokens,
                then the prefix's home (rendezvous order over its first blocks, the same on every
@@ -165,10 +166,18 @@ class TidegatePolicy:
         if len(preds) == 1:
             return make_pick(by_id[preds[0].replica_id], "only_candidate", preds[0].cost, 1)
         slo = snapshot.slo or self.slo
-        fit = [p for p in preds if p.tpot_s <= slo.tpot_s]
+        ttft_ok = [p for p in preds if p.ttft_s <= slo.ttft_s]
+        fit = [p for p in ttft_ok if p.tpot_s <= slo.tpot_s and p.kv_wait_s <= 0]
+        if not fit:
+            fit = [p for p in ttft_ok if p.tpot_s <= slo.tpot_s]
         reason = "slo_fit"
         if not fit:
-            fit, reason = preds, "no_tpot_fit"
+            # The request's own first token first; then its decoders' TPOT; then the least bad.
+            fit, reason = ttft_ok, "no_tpot_fit"
+        if not fit:
+            fit, reason = [p for p in preds if p.tpot_s <= slo.tpot_s], "no_ttft_fit"
+        if not fit:
+            fit, reason = preds, "no_fit"
         best = min(p.cost for p in fit)
         blocks = self._blocks(request)
         if blocks.home_key is not None:
