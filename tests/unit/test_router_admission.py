@@ -1,0 +1,111 @@
+"""The live router's admission plumbing (router/admission.py) around the pure queue, with a fake
+policy whose predictions the test sets: hold and wake, one dispatch at a time, disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from router.admission import POLL_S, AdmissionMetrics, Admitted, Gate, Rejected, rejection_response
+from tidegate.policy.admission import AdmissionConfig, ClassLimits
+from tidegate.policy.predict import Prediction
+from tidegate.policy.registry import PoolSnapshot, RouteInfo, SloTargets
+
+SLO = SloTargets(2.0, 0.1)
+ENTRIES = (RouteInfo("r0", 100.0), RouteInfo("r1", 100.0))
+
+
+class FakePolicy:
+    """Predictions from a per-replica outstanding-prefill table the test edits."""
+
+    def __init__(self) -> None:
+        self.queued = {"r0": 0.0, "r1": 0.0}
+        self.ttft = 0.2
+
+    def predictions(self, snapshot: PoolSnapshot, request) -> list[Prediction]:  # noqa: ANN001
+        return [Prediction(e.replica_id, 0, request.prompt_tokens, self.ttft, 0.05, 0.0, 0.0, 1.0,
+                           self.queued[e.replica_id], 1000.0, 10_000.0) for e in snapshot.candidates()]
+
+
+class FakeRequest:
+    def __init__(self, prompt_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
+
+
+def gate(queue: int = 4) -> tuple[Gate, CollectorRegistry, list[float]]:
+    clock = [0.0]
+    reg = CollectorRegistry()
+    cfg = AdmissionConfig({c: ClassLimits(queue if c != "sheddable" else 0, 30.0)
+                           for c in ("critical", "standard", "sheddable")})
+    return Gate(cfg, lambda: clock[0], AdmissionMetrics(reg)), reg, clock
+
+
+def snapshot(slo: SloTargets | None) -> PoolSnapshot:
+    return PoolSnapshot(ENTRIES, {}, frozenset(), slo=slo)
+
+
+async def admit(g: Gate, policy: FakePolicy, cls: str, tokens: int = 500):  # noqa: ANN201
+    return await g.admit("m", policy, FakeRequest(tokens), cls, SLO, 0.0, snapshot)  # type: ignore[arg-type]
+
+
+async def test_dispatch_hold_reject_and_one_dispatch_at_a_time() -> None:
+    g, reg, _ = gate()
+    pol = FakePolicy()
+    first = await admit(g, pol, "standard")
+    assert first == Admitted(frozenset(), False)
+    pol.queued = {"r0": 900.0, "r1": 900.0}         # both over budget for another 500 tokens
+    assert await admit(g, pol, "sheddable") == Rejected("queue_full", 1)
+    a = asyncio.create_task(admit(g, pol, "standard"))
+    b = asyncio.create_task(admit(g, pol, "critical"))
+    await asyncio.sleep(0)
+    assert g.held("m") == {"critical": 1, "standard": 1, "sheddable": 0}
+    pol.queued = {"r0": 0.0, "r1": 900.0}          # r0's prefill is done
+    g.wake("m")
+    out_b = await b                                 # critical first, with r1 closed
+    assert out_b == Admitted(frozenset({"r1"}), True)
+    assert not a.done()
+    g.wake("m")                                     # busy until the critical one is sent
+    await asyncio.sleep(0)
+    assert not a.done()
+    g.sent("m")
+    assert await a == Admitted(frozenset({"r1"}), True)
+    g.sent("m")
+    assert reg.get_sample_value("tidegate_router_admission_rejected_total",
+                                {"model": "m", "priority": "sheddable", "reason": "queue_full"}) == 1
+    assert reg.get_sample_value("tidegate_router_admission_queued", {"model": "m", "priority": "critical"}) == 0
+    g.close()
+
+
+async def test_disconnect_while_held_leaves_the_queue() -> None:
+    g, reg, _ = gate()
+    pol = FakePolicy()
+    pol.queued = {"r0": 900.0, "r1": 900.0}
+    t = asyncio.create_task(admit(g, pol, "critical"))
+    await asyncio.sleep(0)
+    assert g.held("m")["critical"] == 1
+    t.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await t
+    assert g.held("m")["critical"] == 0
+    assert reg.get_sample_value("tidegate_router_admission_queue_wait_seconds_count",
+                                {"model": "m", "priority": "critical", "outcome": "disconnected"}) == 1
+    g.close()
+
+
+async def test_timer_rejects_a_request_whose_deadline_passed() -> None:
+    g, reg, clock = gate()
+    pol = FakePolicy()
+    pol.queued = {"r0": 900.0, "r1": 900.0}
+    t = asyncio.create_task(admit(g, pol, "standard"))
+    await asyncio.sleep(0)
+    clock[0] = 1.9                                   # 0.1 s left, TTFT 0.2 s: cannot make it
+    await asyncio.sleep(POLL_S * 2)
+    assert t.done()
+    out = t.result()
+    assert isinstance(out, Rejected) and out.reason == "deadline_unmeetable"
+    resp = rejection_response("m", out)
+    assert resp.status == 429 and resp.headers["x-tidegate-reject-reason"] == "deadline_unmeetable"
+    assert int(resp.headers["Retry-After"]) >= 1
+    g.close()
