@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from tidegate.policy import faults, feedback, outliers
 from tidegate.policy.rates import EngineRates, RateEstimator, WorkWindow
@@ -139,6 +139,7 @@ class ReplicaRecord:
     fault: faults.FaultState = field(default_factory=faults.FaultState)
     rates: RateEstimator = field(default_factory=RateEstimator)  # fitted from this endpoint's reports
     feedback: feedback.FeedbackState = field(default_factory=feedback.FeedbackState)  # in memory only
+    state: int | None = None           # the state the last report's Ack carried
 
 
 def _rate_estimator(hello: telemetry_pb2.Hello) -> RateEstimator:
@@ -167,7 +168,8 @@ class FleetState:
                  fault_policy: faults.FaultPolicyConfig | None = None,
                  feedback_policy: feedback.FeedbackConfig | None = None,
                  outlier_policy: outliers.OutlierConfig | None = None,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 on_state_change: Callable[[], None] = lambda: None) -> None:
         self.policy = policy
         self.fault_policy = fault_policy or faults.FaultPolicyConfig()
         self.feedback_policy = feedback_policy or feedback.FeedbackConfig()
@@ -182,6 +184,9 @@ class FleetState:
         self._intents: dict[str, records_pb2.ReplicaIntent] = {}
         self._router_inflight: dict[str, int] = {}
         self._events: list[PendingEvent] = []
+        # Called when a report changes its replica's state (not its weight alone): the control
+        # plane then recomputes its tables at once instead of at the next periodic tick.
+        self._on_state_change = on_state_change
 
     # ------------------------------------------------------------ ingest
 
@@ -227,7 +232,11 @@ class FleetState:
         ttft_t, tpot_t = self._slo_targets.get(rec.hello.pool, self._slo_default)
         rec.feedback = feedback.step(rec.feedback, feedback.FeedbackSample(
             stats.ttft_p95_ms, stats.itl_p95_ms, stats.ttft_count, ttft_t, tpot_t), self.feedback_policy)
-        return decide(self._view(rec, now), self.policy)
+        decision = decide(self._view(rec, now), self.policy)
+        if decision.state != rec.state:
+            rec.state = decision.state
+            self._on_state_change()
+        return decision
 
     def _apply_fault(self, rec: ReplicaRecord, result: faults.FaultStep) -> None:
         rec.fault = result.state
@@ -349,6 +358,10 @@ class FleetState:
         now = self._now() if now is None else now
         return [self._view(rec, now) for _, rec in sorted(self._replicas.items())]
 
+    def pools(self) -> dict[str, str]:
+        """replica id -> pool, without computing views."""
+        return {rid: rec.hello.pool for rid, rec in self._replicas.items()}
+
     def prune(self, now: float | None = None) -> list[str]:
         """Forget replicas without a report (or hello) for longer than remove_after_s."""
         now = self._now() if now is None else now
@@ -362,7 +375,7 @@ class FleetState:
         return len(self._replicas)
 
     def _view(self, rec: ReplicaRecord, now: float, with_outliers: bool = True) -> ReplicaView:
-        h, s = rec.hello, rec.stats
+        h = rec.hello
         intent = self._intents.get(h.replica_id)
         draining = bool(intent and intent.draining)
         hold = expired = force = False
@@ -375,7 +388,15 @@ class FleetState:
         ejected, cut = faults.view_reasons(rec.fault, now)
         if not ejected and with_outliers and h.pool in self._outliers:
             ejected = self._outliers[h.pool].ejected_reason(h.replica_id, now)
-        base = ReplicaView(
+        if rec.report is None:
+            # Hello only (JOINING): no engine numbers, rates or feedback yet.
+            s, preempt, rates, factor, note = _NO_STATS, 0.0, _NO_RATES, 1.0, ""
+        else:
+            s, preempt, rates = rec.stats, rec.preemptions_per_s, rec.rates.published
+            factor, note = rec.feedback.multiplier, feedback.describe(rec.feedback)
+        # One construction, not a base view and dataclasses.replace(): views are built for every
+        # replica several times per tick, and replace() cost more than the view itself.
+        return ReplicaView(
             replica_id=h.replica_id, pool=h.pool, endpoint=h.endpoint, region=h.region, zone=h.zone,
             has_report=rec.report is not None,
             report_age_s=max(0.0, now - _last_seen(rec)),
@@ -384,20 +405,18 @@ class FleetState:
             router_inflight=self._router_inflight.get(h.replica_id, 0),
             drain_hold=hold, drain_expired=expired, drain_force=force,
             ejected=ejected, cut=cut,
-        )
-        if rec.report is None:
-            return base
-        rates = rec.rates.published
-        return replace(
-            base,
             healthy=s.healthy, engine_error=s.engine_error, running=s.running, waiting=s.waiting,
             kv_capacity_tokens=s.kv_capacity_tokens, kv_free_tokens=s.kv_free_tokens, kv_usage=s.kv_usage,
-            ttft_p95_ms=s.ttft_p95_ms, itl_p95_ms=s.itl_p95_ms, preemptions_per_s=rec.preemptions_per_s,
+            ttft_p95_ms=s.ttft_p95_ms, itl_p95_ms=s.itl_p95_ms, preemptions_per_s=preempt,
             gpu_telemetry_available=s.gpu_telemetry_available, gpu_faults=s.gpu_faults,
             telemetry_flags=s.flags, prefill_tokens_per_s=rates.prefill_tokens_per_s,
             decode_step_base_ms=rates.decode_step_base_ms, decode_step_per_seq_ms=rates.decode_step_per_seq_ms,
-            slo_factor=rec.feedback.multiplier, slo_note=feedback.describe(rec.feedback),
+            slo_factor=factor, slo_note=note,
         )
+
+
+_NO_STATS = CleanStats()
+_NO_RATES = EngineRates()
 
 
 def _last_seen(rec: ReplicaRecord) -> float:

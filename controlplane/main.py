@@ -52,7 +52,7 @@ from tidegate.policy.faults import FaultPolicyConfig
 from tidegate.policy.feedback import FeedbackConfig
 from tidegate.policy.outliers import OutlierConfig
 from tidegate.policy.scale import HEADROOM, ScaleConfig
-from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables, decide
+from tidegate.policy.weights import ReplicaView, WeightPolicyConfig, compute_pool_tables, decide
 from tidegate.store.election import Election
 from tidegate.store.etcd import EtcdStore
 from tidegate.store.lease import LeaseKeeper
@@ -234,7 +234,8 @@ class ControlPlane:
         self.id = cp_id
         self.metrics = Metrics()
         self.fleet = FleetState(policy, now=time.monotonic, fault_policy=fault_policy,
-                                feedback_policy=feedback_policy, outlier_policy=outlier_policy)
+                                feedback_policy=feedback_policy, outlier_policy=outlier_policy,
+                                on_state_change=lambda: self._wake.set())
         self.store = EtcdStore(cfg.etcd, timeout_s=cfg.etcd_timeout_s, security=cfg.etcd_security())
         self.publisher = TablePublisher(self.store, cp_id, metrics=self.metrics,
                                         on_fenced=lambda reason: self.leadership.step_down("fenced"))
@@ -349,11 +350,11 @@ class ControlPlane:
         self._pending[rid] = (revision, intent)
         await self.tick()
 
-    async def _record_transitions(self) -> None:
+    async def _record_transitions(self, views: list[ReplicaView]) -> None:
         for ev in self.fleet.take_events():
             await self.events.record(ev.kind, ev.replica_id, ev.pool, reason=ev.reason)
         seen = set()
-        for view in self.fleet.views():
+        for view in views:
             rid = view.replica_id
             seen.add(rid)
             d = decide(view, self.fleet.policy)
@@ -386,7 +387,7 @@ class ControlPlane:
         started = time.perf_counter()
         self.metrics.ticks.inc()
         leader = self.leadership.is_leader
-        pools = {v.replica_id: v.pool for v in self.fleet.views()}
+        pools = self.fleet.pools()
         for rid in self.fleet.prune():
             log.info("replica_removed", replica_id=rid, reason="no report within remove_after_s")
             if leader:
@@ -399,12 +400,15 @@ class ControlPlane:
             self.fleet.set_slo_targets(slo_targets_ms(self.slos.all()), (self.cfg.slo_ttft_ms, self.cfg.slo_itl_ms))
             self.fleet.evaluate_outliers()
             plan = await self.term.plan()
-            tables = compute_pool_tables(self.fleet.views(), self.fleet.policy) if plan is None else plan.computed
+            # One set of views per tick (building them is most of a tick's work at thousands of
+            # replicas): the transitions recorded are those of the tables just computed.
+            views = self.fleet.views() if plan is None else plan.views
+            tables = compute_pool_tables(views, self.fleet.policy) if plan is None else plan.computed
             if plan is not None:
                 await self.publisher.publish(plan.tables, self.leadership.fence, hold=plan.hold,
                                              slos=self.slos.all() if self.slos.synced else None)
                 await self.term.save_faults(self.leadership.fence)
-            await self._record_transitions()
+            await self._record_transitions(views)
             self.scale.compute(tables, self.fleet, self.slos.all())
             await self.scale.publish(lambda: self.leadership.is_leader)
             if self.cfg.admission_budgets:
@@ -417,13 +421,22 @@ class ControlPlane:
 
     async def _tick_loop(self) -> None:
         while True:
+            # Cleared before the tick, so a change that arrives while it runs wakes the next one.
+            self._wake.clear()
+            started = time.monotonic()
             try:
                 await self.tick()
             except Exception:  # the loop must survive a bug in one tick
                 log.exception("tick_failed")
-            self._wake.clear()
+            ended = time.monotonic()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.cfg.tick_s)
+            # A wake (a replica's state changed, an intent, a router) ticks early, but not sooner
+            # than the last tick's duration after it: bursts coalesce, and ticks never take more
+            # than about half of the process however often states flap.
+            rest = min(self.cfg.tick_s, ended - started) - (time.monotonic() - ended)
+            if rest > 0:
+                await asyncio.sleep(rest)
 
     async def main(self) -> int:
         stop = asyncio.Event()

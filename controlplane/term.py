@@ -22,7 +22,7 @@ from controlplane.fleet import FleetState
 from controlplane.publisher import TablePublisher
 from tidegate.errors import StoreError
 from tidegate.policy import continuity
-from tidegate.policy.weights import compute_pool_tables
+from tidegate.policy.weights import ReplicaView, compute_pool_tables
 from tidegate.store.api import Fence
 from tidegate.v1 import records_pb2
 
@@ -34,6 +34,7 @@ class Plan:
     tables: dict[str, Sequence[records_pb2.RouteEntry]]   # what may be published
     hold: frozenset[str]          # pools not to write this tick (warming up)
     computed: dict[str, list[records_pb2.RouteEntry]]    # what the views alone say
+    views: list[ReplicaView]      # the fleet's views these tables were computed from
 
 
 class Term:
@@ -75,7 +76,8 @@ class Term:
                     log.info("faults_restore_failed", error=str(e))
                     return None
             self._restored = True
-        computed = compute_pool_tables(self._fleet.views(), self._fleet.policy)
+        views = self._fleet.views()
+        computed = compute_pool_tables(views, self._fleet.policy)
         heard = self._fleet.heard_since(self.started)
         age = self._now() - self.started
         tables: dict[str, Sequence[records_pb2.RouteEntry]] = {}
@@ -87,7 +89,7 @@ class Term:
                 tables[pool] = list(v.entries)
             else:
                 hold.add(pool)
-        return Plan(tables, frozenset(hold), computed)
+        return Plan(tables, frozenset(hold), computed, views)
 
     async def save_faults(self, fence: Callable[[], Fence | None]) -> None:
         """Persists fault states that changed (not before this term read the old ones)."""

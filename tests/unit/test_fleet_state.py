@@ -216,3 +216,26 @@ def test_drain_counts_router_inflight_deadline_and_force(clock: FakeClock) -> No
 def test_oom_error_cuts_weight(fleet: FleetState) -> None:
     d = fleet.on_report(hello(), report(error="CUDA out of memory"))
     assert d.state == RS.REPLICA_STATE_DEGRADED and "weight cut: out of memory" in d.reason
+
+
+def test_state_change_hook_fires_on_state_changes_not_weight_changes(clock: FakeClock) -> None:
+    changes: list[int] = []
+    fleet = FleetState(WeightPolicyConfig(), now=clock, on_state_change=lambda: changes.append(1))
+    fleet.on_hello(hello())
+    fleet.on_report(hello(), report(1))                                  # JOINING -> READY
+    fleet.on_report(hello(), report(2, kv_free_tokens=300))              # weight only
+    assert len(changes) == 1
+    fleet.on_report(hello(), report(3, kv_free_tokens=10))               # KV 99 % used: DEGRADED
+    assert len(changes) == 2
+    fleet.on_report(hello(), report(4, kv_free_tokens=500))              # READY again
+    assert len(changes) == 3
+
+
+def test_views_without_report_carry_no_engine_numbers(fleet: FleetState) -> None:
+    fleet.on_hello(telemetry_pb2.Hello(replica_id="r1", pool="m", endpoint="http://127.0.0.1:9", protocol_version=1,
+                                       prior_prefill_tokens_per_s=8000, prior_decode_step_base_ms=20,
+                                       prior_decode_step_per_seq_ms=0.5))
+    view = fleet.view("r1")
+    assert view is not None and not view.has_report
+    assert (view.healthy, view.running, view.prefill_tokens_per_s, view.slo_factor) == (False, 0, 0.0, 1.0)
+    assert fleet.pools() == {"r1": "m"}
