@@ -43,6 +43,7 @@ from router.refusals import ConnectRefusals
 from router.reqclass import BadHeader, RequestClass, classify
 from router.tables import PoolTable, RoutingTables
 from tidegate.policy import registry
+from tidegate.policy.admission_budget import Hold
 from tidegate.policy.pick import RequestFeatures
 from tidegate.policy.registry import SloTargets
 
@@ -64,6 +65,7 @@ BUDGET_EXHAUSTED = "budget_exhausted"
 _POOL = web.RequestKey("tidegate_pool", str)      # the pool, once the model is known to be one
 _STATUS = web.RequestKey("tidegate_status", str)  # metric status when it differs from the HTTP one
 _CLASS = web.RequestKey("tidegate_class", str)    # the priority class, once read
+_HOLD = web.RequestKey("tidegate_budget_hold", Hold)  # what the request holds of the admission budget
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,7 @@ class Proxy:
             return json_error(429, f"this router's share of the admission budget of {table.pool!r} is in use",
                               "rate_limit_exceeded", code=BUDGET_EXHAUSTED,
                               headers={"Retry-After": "1", REJECT_HEADER: BUDGET_EXHAUSTED})
-        hold = pool_budget.acquire(features.prompt_tokens, max_tokens)
+        hold = request[_HOLD] = pool_budget.acquire(features.prompt_tokens, max_tokens)
         try:
             return await self._route(request, body, table, features, t0, rclass)
         finally:
@@ -296,7 +298,8 @@ class Proxy:
             try:
                 result = await self._attempt(request, body, table, choice, features, t0,
                                              first_token=functools.partial(self._first_token, policy, req,
-                                                                           choice.replica_id, table.pool))
+                                                                           choice.replica_id, table.pool,
+                                                                           request.get(_HOLD)))
             finally:
                 self._inflight.release(choice.replica_id)
                 registry.notify(policy, "on_complete", req, choice.replica_id)
@@ -324,7 +327,9 @@ class Proxy:
         return json_error(502, failure.message, "upstream_error", code=f"upstream_{failure.kind}")
 
     def _first_token(self, policy: registry.Policy, req: registry.RequestFeatures, replica_id: str,
-                     pool: str) -> None:
+                     pool: str, hold: Hold | None = None) -> None:
+        if hold is not None:  # its prompt is prefilled: out of the budget's prefill tokens
+            hold.first_token()
         registry.notify(policy, "on_first_token", req, replica_id)
         self._wake(pool)  # its prefill left the replica's budget
 

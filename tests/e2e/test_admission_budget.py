@@ -77,14 +77,15 @@ def _capacity(total: dict[str, float], fraction: float, prompt_tokens: int) -> f
 
 def test_two_routers_share_one_budget(fleet: tuple[Fleet, dict[str, Any], Cli, str]) -> None:
     fl, info, cli, second_url = fleet
-    r = cli("pool", "set-slo", MODEL, "--ttft", "250ms", "--tpot", "100ms")
-    assert r.returncode == 0, r.stderr
 
-    # Engine rates are fitted from telemetry (no profile prior here): give the fit some evidence.
+    # Engine rates are fitted from telemetry (no profile prior here): give the fit some evidence
+    # while the pool has no SLO, hence no budget.
     rng = random.Random(7)
     warm = [" ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(500)) for _ in range(24)]
     with ThreadPoolExecutor(max_workers=8) as pool:
         assert set(pool.map(lambda p: _send(info["router_url"], p, 48), warm)) == {200}
+    r = cli("pool", "set-slo", MODEL, "--ttft", "250ms", "--tpot", "100ms")   # from now on, a budget
+    assert r.returncode == 0, r.stderr
 
     def both_listed() -> bool:
         b = _budget(info)
