@@ -69,3 +69,22 @@ def test_router_takes_its_own_share() -> None:
     assert pool.share == Tokens(40, 400, 4)
     b.apply(key, None)
     assert pool.share is None
+
+
+def test_presence_carries_error_streaks_and_demand() -> None:
+    from router.inflight import InflightCounter
+    from router.presence import presence_record
+    from router.tables import RoutingTables
+
+    inflight = InflightCounter()
+    for _ in range(3):
+        inflight.failed("a")
+    inflight.failed("b")
+    inflight.succeeded("b")                                            # a success ends the streak
+    rec = presence_record("r1", "eu", "http://x", inflight, RoutingTables(), 1.0,
+                          {"m": Tokens(100, 300, 2)})
+    assert dict(rec.consecutive_errors_by_replica) == {"a": 3}
+    d = rec.demand_by_pool["m"]
+    assert (d.prefill_tokens, d.kv_tokens, d.sequences) == (100, 300, 2)
+    inflight.prune(keep=set())
+    assert dict(inflight.error_streaks()) == {}
