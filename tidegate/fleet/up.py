@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -59,6 +60,16 @@ class UpConfig(ConfigBase, EtcdFields):
                                                              "class).")
     simulated_gpu: bool = Field(False, description="Agents read simulated NVML readings from their simulator "
                                 "(`--gpu-source sim`), so GPU faults can be injected through POST /sim/faults.")
+    metrics: bool = Field(False, description="Give every control plane and agent a Prometheus /metrics port (free "
+                          "ports, listed under `metrics` in the endpoints file with the router's) so a local "
+                          "Prometheus can scrape the whole fleet (deploy/prometheus/alerts.yml).")
+
+
+def free_port() -> int:
+    """A loopback port free now (a child binds it a moment later: fine on a development machine)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 OPERATOR_NAME = "local-operator"
@@ -170,11 +181,20 @@ class Fleet:
                 "--telemetry-allowed-networks", "127.0.0.0/8"]
         gpu = ["--gpu-source", "sim"] if cfg.simulated_gpu else []
 
+        metrics: dict[str, str] = {}
+
+        def metrics_port(name: str) -> list[str]:
+            if not cfg.metrics:
+                return []
+            port = free_port()
+            metrics[name] = f"127.0.0.1:{port}"
+            return ["--metrics-port", str(port)]
+
         cps = []
         for i in range(cfg.controlplanes):
             cps.append(self._child(
                 f"controlplane-{i}", "controlplane", *etcd_access, "--listen", "127.0.0.1:0",
-                "--id", f"cp-{i}", *auth, *self._common()))
+                "--id", f"cp-{i}", *auth, *metrics_port(f"controlplane-{i}"), *self._common()))
         cp_addrs = [f"127.0.0.1:{c.wait_port()}" for c in cps]
 
         sims = []
@@ -191,7 +211,7 @@ class Fleet:
                 "--region", cfg.region, "--zone", f"{cfg.region}-{'abc'[i % 3]}",
                 "--controlplane", ",".join(cp_addrs), "--report-interval-s", str(cfg.report_interval_s),
                 "--engine-kind", "tidegate-sim", "--telemetry-token-file", agent_tokens[rid], *gpu,
-                *self._common())
+                *metrics_port(f"agent-{i}"), *self._common())
             replicas.append({"id": rid, "model": cfg.model, "engine_url": url,
                              "sim_pid": sim.pid, "agent_pid": agent.pid})
 
@@ -199,6 +219,8 @@ class Fleet:
             "router", "router", *etcd_access, "--port", str(cfg.router_port), "--region", cfg.region,
             "--router-id", "router-0", *self._router_flags(), *self._common())
         router_url = f"http://127.0.0.1:{router.wait_port()}"
+        if cfg.metrics:
+            metrics["router"] = router_url.removeprefix("http://")
 
         self.info = {
             "router_url": router_url,
@@ -217,6 +239,8 @@ class Fleet:
             "telemetry_credentials": str(credentials),
             "simulated_gpu": cfg.simulated_gpu,
         }
+        if metrics:
+            self.info["metrics"] = metrics  # host:port of each process's /metrics
         if self.etcd is not None:
             self.info["pids"]["etcd"] = self.etcd.pid
         self._wait_routable(router_url)
@@ -303,6 +327,8 @@ def print_endpoints(info: dict[str, Any], path: Path) -> None:
     if tokens:
         print(f"admin tokens  operator {tokens.get('operator')}, viewer {tokens.get('viewer')} "
               "(the CLI finds them through the endpoints file)", flush=True)
+    if info.get("metrics"):
+        print(f"metrics       {', '.join(f'{k} {v}' for k, v in sorted(info['metrics'].items()))}", flush=True)
     print(f"logs          {info['run_dir']}", flush=True)
 
 
