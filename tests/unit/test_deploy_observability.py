@@ -59,16 +59,31 @@ def _registries() -> Iterator[tuple[str, CollectorRegistry]]:
         yield f"engine ({flavor})", SimMetrics(engine, "m", flavor).registry
 
 
-def exported_names() -> dict[str, str]:
-    """Every series name a process exposes -> the process."""
+def _exports() -> tuple[dict[str, str], dict[str, set[str]]]:
+    """(series name -> process, series name -> label names where the registry knows them)."""
     names: dict[str, str] = {}
+    labels: dict[str, set[str]] = {}
     for process, registry in _registries():
+        declared: dict[str, set[str]] = {}
+        # Labels of a metric without children yet: only its collector knows them.
+        for collector, series in registry._collector_to_names.items():
+            if hasattr(collector, "_labelnames"):
+                declared.update({n: set(collector._labelnames) for n in series})
         for family in registry.collect():
             for suffix in _SUFFIXES[family.type]:
                 names[family.name + suffix] = process
+                if family.name + suffix in declared:
+                    labels[family.name + suffix] = declared[family.name + suffix] | (
+                        {"le"} if suffix == "_bucket" else set())
             for sample in family.samples:
                 names[sample.name] = process
-    return names
+                labels.setdefault(sample.name, set()).update(sample.labels)
+    return names, labels
+
+
+def exported_names() -> dict[str, str]:
+    """Every series name a process exposes -> the process."""
+    return _exports()[0]
 
 
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
@@ -78,6 +93,35 @@ _GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\
 _IDENT = re.compile(r"(?<![\w:.$])([A-Za-z_:][\w:]*)(?![\w:])(?!\s*\()")
 _KEYWORDS = frozenset({"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
                        "group_left", "group_right", "inf", "nan", "Inf", "NaN"})
+
+
+# Labels Prometheus (and the Prometheus Operator) put on every scraped series.
+TARGET_LABELS = frozenset({"instance", "job", "pod", "namespace", "service", "endpoint", "container"})
+_SELECTOR = re.compile(r"([A-Za-z_:][\w:]*)\{([^{}]*)\}")
+_MATCHER = re.compile(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)")
+_BY = re.compile(r"\b(?:by|without)\s*\(([^()]*)\)\s*\(")
+
+
+def label_errors(expr: str, labels: dict[str, set[str]]) -> list[str]:
+    """Labels a selector matches on or an aggregation groups by that its metrics do not carry."""
+    errors = []
+    text = _STRINGS.sub('""', expr)
+    for name, body in _SELECTOR.findall(text):
+        for label in _MATCHER.findall(body):
+            if name in labels and label not in labels[name] | TARGET_LABELS:
+                errors.append(f"{name} has no label {label}")
+    for m in _BY.finditer(text):
+        depth, end = 1, m.end()
+        while depth and end < len(text):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+        inner = metric_names(text[m.end():end - 1])
+        if not inner or not inner <= labels.keys():
+            continue  # recorded series or the like: their labels are not in a registry
+        have = set().union(*(labels[n] for n in inner)) | TARGET_LABELS
+        errors.extend(f"{sorted(inner)} have no label {label}" for label in
+                      (x.strip() for x in m.group(1).split(",")) if label and label not in have)
+    return errors
 
 
 def metric_names(expr: str) -> set[str]:
@@ -140,6 +184,20 @@ def test_every_dashboard_query_names_an_exported_metric() -> None:
 def test_every_rule_names_an_exported_metric() -> None:
     exprs = [(str(r.get("alert") or r.get("record")), str(r["expr"])) for r in _rules()]
     assert _unknown(exprs, _known()) == []
+
+
+def test_every_query_uses_labels_its_metrics_carry() -> None:
+    labels = _exports()[1]
+    exprs = _dashboard_exprs() + [(str(r.get("alert") or r.get("record")), str(r["expr"])) for r in _rules()]
+    assert [f"{where}: {e}" for where, expr in exprs for e in label_errors(expr, labels)] == []
+
+
+def test_a_wrong_label_is_caught() -> None:
+    labels = _exports()[1]
+    assert label_errors('sum by (pool) (rate(tidegate_router_requests_total{modle="x"}[5m]))', labels) == [
+        "tidegate_router_requests_total has no label modle", "['tidegate_router_requests_total'] have no label pool"]
+    assert label_errors("histogram_quantile(0.9, sum by (le, model) (rate(tidegate_router_ttft_seconds_bucket[1m])))",
+                        labels) == []
 
 
 def test_a_made_up_metric_is_caught() -> None:
