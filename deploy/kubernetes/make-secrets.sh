@@ -8,7 +8,7 @@
 # gets its own token (Secret tidegate-agent-ENGINE), allowed to speak for replica ids ENGINE-*
 # (its pod names). OUTDIR receives the CA and the operator/viewer tokens for the SRE CLI (mode
 # 0600); keep it safe or delete it. With DRY_RUN=1 the Secrets are printed as YAML instead of
-# applied (no cluster needed). Needs openssl, kubectl and sha256sum.
+# applied (no cluster, no kubectl needed). Needs openssl (and kubectl to apply).
 set -euo pipefail
 if [ $# -lt 2 ]; then
   sed -n '2,12p' "$0" >&2
@@ -22,12 +22,21 @@ mkdir -p "$out"
 cd "$out"
 
 token() { openssl rand -base64 32 | tr -d '\n=' | tr '+/' '-_'; }
+# secret NAME KEY=FILE...: an Opaque Secret as YAML (what `kubectl create secret generic
+# --from-file` makes), so that DRY_RUN needs no kubectl.
+secret() {
+  printf 'apiVersion: v1\nkind: Secret\nmetadata:\n  name: %s\n  namespace: %s\ntype: Opaque\ndata:\n' "$1" "$ns"
+  shift
+  for kv in "$@"; do
+    printf '  %s: %s\n' "${kv%%=*}" "$(base64 < "${kv#*=}" | tr -d '\n')"
+  done
+}
 apply() {
   if [ "${DRY_RUN:-0}" = 1 ]; then
-    kubectl create secret generic "$@" --namespace "$ns" --dry-run=client -o yaml
+    secret "$@"
     echo ---
   else
-    kubectl create secret generic "$@" --namespace "$ns" --dry-run=client -o yaml | kubectl apply -f -
+    secret "$@" | kubectl apply -f -
   fi
 }
 
@@ -44,10 +53,8 @@ openssl x509 -req -in etcd-server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -
 openssl req -newkey rsa:3072 -nodes -subj "/CN=tidegate" -keyout etcd-client.key -out etcd-client.csr 2>/dev/null
 openssl x509 -req -in etcd-client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 825 \
   -extfile <(printf 'extendedKeyUsage=clientAuth\n') -out etcd-client.crt 2>/dev/null
-apply tidegate-etcd-server --from-file=ca.crt=ca.crt --from-file=tls.crt=etcd-server.crt \
-  --from-file=tls.key=etcd-server.key
-apply tidegate-etcd-client --from-file=ca.crt=ca.crt --from-file=tls.crt=etcd-client.crt \
-  --from-file=tls.key=etcd-client.key
+apply tidegate-etcd-server ca.crt=ca.crt tls.crt=etcd-server.crt tls.key=etcd-server.key
+apply tidegate-etcd-client ca.crt=ca.crt tls.crt=etcd-client.crt tls.key=etcd-client.key
 rm -f ./*.csr ./*.srl etcd-server.key etcd-client.key
 
 # Admin API (SRE CLI): the control planes hold the tokens; the CLI reads them from OUTDIR.
@@ -55,17 +62,18 @@ token > operator.token
 token > viewer.token
 printf '%s,%s,%s\n' "$(cat operator.token)" sre-operator operator "$(cat viewer.token)" sre-viewer viewer \
   > tokens.csv
-apply tidegate-admin-tokens --from-file=tokens.csv=tokens.csv
+apply tidegate-admin-tokens tokens.csv=tokens.csv
 rm -f tokens.csv
 
 # Telemetry: one token per engine Deployment; the control planes see only its SHA-256.
 : > credentials.csv
 for engine in "${engines[@]}"; do
   t=$(token)
-  printf '%s,%s,%s\n' "$engine" "$(printf %s "$t" | sha256sum | cut -d' ' -f1)" "$engine-*" >> credentials.csv
+  digest=$(printf %s "$t" | openssl dgst -sha256 -r | cut -d' ' -f1)
+  printf '%s,%s,%s\n' "$engine" "$digest" "$engine-*" >> credentials.csv
   printf %s "$t" > agent.token
-  apply "tidegate-agent-$engine" --from-file=token=agent.token
+  apply "tidegate-agent-$engine" token=agent.token
   rm -f agent.token
 done
-apply tidegate-telemetry-credentials --from-file=credentials.csv=credentials.csv
+apply tidegate-telemetry-credentials credentials.csv=credentials.csv
 echo "secrets for namespace $ns made; SRE CLI tokens in $out/operator.token and $out/viewer.token" >&2

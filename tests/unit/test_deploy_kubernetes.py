@@ -4,12 +4,15 @@ The overlay is rendered by `kubectl kustomize` where kubectl exists and always b
 Python renderer (deploy/kubernetes/kustomize_lite.py); both must agree. Every object is checked
 against the OpenAPI schemas of two Kubernetes versions (kubernetes-validate, no cluster), and
 then across objects: selectors match pod labels, probes and Services name real container
-ports, every Secret a pod mounts is one make-secrets.sh creates with the keys it reads, and every
-tidegate container's arguments parse with the real CLI and load its config.
+ports, every Secret a pod mounts is one make-secrets.sh creates with the keys it reads, the
+control plane's own parsers accept those Secrets and let an engine pod's agent in, the etcd
+certificate names the address clients dial, and every tidegate container's arguments parse
+with the real CLI and load its config.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import importlib
 import importlib.util
@@ -26,6 +29,7 @@ import yaml
 
 from tidegate.cli.main import COMMANDS, build_parser
 from tidegate.config import load
+from tidegate.errors import PermissionDeniedError
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -210,14 +214,62 @@ def _expand(arg: str, env: dict[str, str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def secrets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    missing = [t for t in ("openssl", "kubectl", "sha256sum") if shutil.which(t) is None]
-    if missing:
-        pytest.skip(f"make-secrets.sh needs {', '.join(missing)}, not installed here")
-    out = tmp_path_factory.mktemp("secrets")
-    run = subprocess.run(["bash", str(K8S / "make-secrets.sh"), "tidegate", str(out / "cli")],
+def secrets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("secrets") / "cli"
+
+
+@pytest.fixture(scope="module")
+def secrets(secrets_dir: Path) -> dict[str, dict[str, Any]]:
+    if shutil.which("openssl") is None:
+        pytest.skip("make-secrets.sh needs openssl, not installed here")
+    run = subprocess.run(["bash", str(K8S / "make-secrets.sh"), "tidegate", str(secrets_dir)],
                          env={**os.environ, "DRY_RUN": "1"}, check=True, capture_output=True, text=True, timeout=120)
     return {o["metadata"]["name"]: o for o in yaml.safe_load_all(run.stdout) if o}
+
+
+def _secret_file(secrets: dict[str, dict[str, Any]], name: str, key: str) -> bytes:
+    return base64.b64decode(secrets[name]["data"][key])
+
+
+def _arg(container: dict[str, Any], flag: str) -> str:
+    return next(a.split("=", 1)[1] for a in container["args"] if a.startswith(flag + "="))
+
+
+def test_made_secrets_let_the_agents_and_the_cli_in(rendered: list[dict[str, Any]], secrets: dict[str, dict[str, Any]],
+                                                    secrets_dir: Path) -> None:
+    """The control plane's own parsers accept what make-secrets.sh made, and an engine pod's agent
+    with its token, its pod name as replica id and a pod IP is let in by the manifests' settings."""
+    from controlplane.auth import parse_tokens
+    from controlplane.telemetry_auth import AllowedNetworks, authorize, identify, parse_credentials
+
+    tokens = parse_tokens(_secret_file(secrets, "tidegate-admin-tokens", "tokens.csv").decode())
+    operator = (secrets_dir / "operator.token").read_text()
+    assert tokens[operator].role == "operator"
+    assert tokens[(secrets_dir / "viewer.token").read_text()].role == "viewer"
+    objs = {_key(o): o for o in rendered}
+    cp = objs["Deployment", "tidegate-controlplane"]["spec"]["template"]["spec"]["containers"][0]
+    networks = AllowedNetworks.parse(_arg(cp, "--telemetry-allowed-networks").split(","))
+    credentials = parse_credentials(_secret_file(secrets, "tidegate-telemetry-credentials", "credentials.csv").decode())
+    agent_token = _secret_file(secrets, "tidegate-agent-vllm-llama-8b", "token").decode()
+    identity = identify(credentials, agent_token)
+    authorize(identity, "vllm-llama-8b-7d9f8c6b5d-x2x4q", "http://10.1.2.3:8000", networks)
+    with pytest.raises(PermissionDeniedError, match="may not speak for"):
+        authorize(identity, "other-deployment-abc", "http://10.1.2.3:8000", networks)
+
+
+def test_etcd_certificate_names_the_address_clients_use(rendered: list[dict[str, Any]],
+                                                        secrets: dict[str, dict[str, Any]]) -> None:
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(_secret_file(secrets, "tidegate-etcd-server", "tls.crt"))
+    names = set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName))
+    objs = {_key(o): o for o in rendered}
+    for deployment in ("tidegate-controlplane", "tidegate-router"):
+        c = objs["Deployment", deployment]["spec"]["template"]["spec"]["containers"][0]
+        host = _arg(c, "--etcd").rsplit(":", 1)[0]
+        assert host in names, f"{deployment} dials {host}; the etcd certificate names {sorted(names)}"
+    assert "*.tidegate-etcd.tidegate.svc" in names  # the members' peer addresses
 
 
 def test_make_secrets_covers_every_mounted_secret(rendered: list[dict[str, Any]],
