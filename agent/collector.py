@@ -62,8 +62,10 @@ class Collector:
         clock: Clock = time.monotonic,
         wallclock: Clock = time.time,
         metrics: AgentMetrics | None = None,
+        dialect: str = "auto",
     ) -> None:
         self._base = engine_url.rstrip("/")
+        self._dialect = dialect
         self._session = session
         self._model = model
         self._gpu = gpu_reader
@@ -102,7 +104,7 @@ class Collector:
         if status != 200:
             return None, f"metrics: HTTP {status}"
         try:
-            return parse_metrics(text, self._model), ""
+            return parse_metrics(text, self._model, self._dialect), ""
         except TelemetryParseError as exc:
             return None, f"metrics: {exc}"
 

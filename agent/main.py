@@ -23,6 +23,7 @@ import tidegate.config
 import tidegate.logs
 from agent.collector import Collector
 from agent.metrics import AgentMetrics
+from agent.normalize import DIALECTS
 from agent.nvml import NvmlReader
 from agent.simgpu import SimulatedGpuReader
 from agent.stream import HelloInfo, StreamClient
@@ -63,6 +64,9 @@ class AgentConfig(ConfigBase):
         30.0, gt=0, description="Window of the TTFT/ITL/E2E percentiles, seconds."
     )
     engine_kind: str = Field("vllm", description="Engine kind: vllm, sglang, tgi, tidegate-sim.")
+    metrics_dialect: str = Field(
+        "auto", description="Metric names to read from the engine's /metrics: auto (detected from the "
+                            "prefixes vllm:, sglang:, tgi_), vllm, sglang or tgi.")
     metrics_port: int = Field(0, ge=0, lt=65536, description="Port of the agent's own /metrics (0 = off).")
     rate_prior: tuple[float, ...] = Field(
         (), description="Optional seed of the control plane's rate fit, from a known profile: "
@@ -93,6 +97,13 @@ class AgentConfig(ConfigBase):
     def _gpu_source(cls, v: str) -> str:
         if v not in GPU_SOURCES:
             raise ValueError(f"must be one of {', '.join(GPU_SOURCES)}")
+        return v
+
+    @field_validator("metrics_dialect")
+    @classmethod
+    def _metrics_dialect(cls, v: str) -> str:
+        if v != "auto" and v not in DIALECTS:
+            raise ValueError(f"must be one of auto, {', '.join(DIALECTS)}")
         return v
 
     @field_validator("engine_url", "replica_id", "model")
@@ -194,6 +205,7 @@ async def serve(cfg: AgentConfig, stop: asyncio.Event | None = None, *, token: s
             collector = Collector(
                 cfg.engine_url, session, model=cfg.model, gpu_reader=gpu_reader, gpu_indices=cfg.gpu_indices,
                 scrape_timeout_s=cfg.scrape_timeout_s, window_s=cfg.latency_window_s, metrics=metrics,
+                dialect=cfg.metrics_dialect,
             )
             hello = HelloInfo(
                 replica_id=cfg.replica_id, pool=cfg.model, endpoint=cfg.endpoint, region=cfg.region,

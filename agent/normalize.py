@@ -1,6 +1,7 @@
 """Engine `/metrics` text -> one `EngineSample`, whatever the engine (pure).
 
-Supported names, as signal: vLLM V1 / vLLM V0 / SGLang (checked against the engines' own docs):
+Supported names, as signal: vLLM V1 / vLLM V0 / SGLang (checked against the engines' own docs),
+then TGI (text-generation-inference, names from its router/src/server.rs) after the list:
 
 - running requests: vllm:num_requests_running (V1 and V0) / sglang:num_running_reqs
 - waiting requests: vllm:num_requests_waiting (V1 and V0) / sglang:num_queue_reqs
@@ -25,7 +26,21 @@ For the control plane's rate estimator (cumulative; the collector turns them int
 - busy time: none in vLLM / sglang:gpu_execution_seconds_total (summed over its category label;
   recent SGLang only)
 
-Where a name has several candidates the first present one wins (V1 before V0).
+TGI exports far less, and only per-request histograms (metrics-exporter-prometheus, no `_total`):
+
+- running / waiting: tgi_batch_current_size / tgi_queue_size
+- ITL histogram: tgi_request_mean_time_per_token_duration (each request's *mean* time per token,
+  so its percentiles are over requests, not tokens); E2E histogram: tgi_request_duration
+- prompt / generation token counters: the _sum of tgi_request_input_length /
+  tgi_request_generated_tokens (cumulative, so they behave as counters)
+- not exported: KV usage and capacity (has_kv_capacity stays false; the control plane then sizes
+  the replica from its running/waiting counts), TTFT (TGI has no TTFT histogram; its queue and
+  prefill durations are separate histograms that cannot be added per request), preemptions,
+  prefix-cache hits, engine-step token counts and a token-weighted decode time (the rate estimator
+  falls back to its prior for those)
+
+Where a name has several candidates the first present one wins (V1 before V0). The dialect is
+detected from the metric prefixes (vllm:, then sglang:, then tgi_) unless the caller names it.
 
 Parsing works on *sample* names, not family names: prometheus_client's parser strips
 `_total` from counter family names (and a counter without a TYPE line keeps it), so the sample
@@ -59,7 +74,7 @@ Buckets = tuple[tuple[float, float], ...]
 
 @dataclass(frozen=True)
 class EngineSample:
-    engine: str                       # "vllm" or "sglang" (from the metric prefix)
+    engine: str                       # "vllm", "sglang" or "tgi" (the dialect parsed)
     running: int = 0
     waiting: int = 0
     kv_usage: float | None = None     # 0..1; None when the engine does not export it
@@ -101,6 +116,9 @@ class _Names:
     iterations: tuple[str, ...]
     cache_hits: tuple[str, ...]
     busy: tuple[str, ...]
+    # Histograms whose _sum/_count are token-weighted decode time (the ITL's, except in TGI).
+    work_itl: tuple[str, ...]
+    prefix: str
 
 
 _VLLM = _Names(
@@ -116,6 +134,8 @@ _VLLM = _Names(
     iterations=("vllm:iteration_tokens_total",),
     cache_hits=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
     busy=(),
+    work_itl=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    prefix="vllm:",
 )
 
 _SGLANG = _Names(
@@ -131,7 +151,29 @@ _SGLANG = _Names(
     iterations=(),
     cache_hits=("sglang:cached_tokens_total",),
     busy=("sglang:gpu_execution_seconds_total",),
+    work_itl=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    prefix="sglang:",
 )
+
+_TGI = _Names(
+    running=("tgi_batch_current_size",),
+    waiting=("tgi_queue_size",),
+    kv_usage=(),
+    ttft=(),
+    itl=("tgi_request_mean_time_per_token_duration",),
+    e2e=("tgi_request_duration",),
+    prompt=("tgi_request_input_length_sum",),
+    generation=("tgi_request_generated_tokens_sum",),
+    preemptions=(),
+    iterations=(),
+    cache_hits=(),
+    busy=(),
+    work_itl=(),
+    prefix="tgi_",
+)
+
+# Detection order: a page holding several dialects (a proxy's aggregate) is read as the first.
+DIALECTS: dict[str, _Names] = {"vllm": _VLLM, "sglang": _SGLANG, "tgi": _TGI}
 
 _MODEL_LABELS = ("model_name", "name")
 
@@ -213,16 +255,28 @@ def _int_label(labels: dict[str, str], key: str) -> int:
         return 0
 
 
-def parse_metrics(text: str, model: str | None = None) -> EngineSample:
-    """Parse one scrape. Raises TelemetryParseError on garbage or when no engine metric is found."""
+def _dialect(idx: dict[str, list[tuple[dict[str, str], float]]], dialect: str,
+             model: str | None) -> tuple[str, _Names]:
+    who = f" for model {model!r}" if model else ""
+    if dialect == "auto":
+        for engine, names in DIALECTS.items():
+            if any(k.startswith(names.prefix) for k in idx):
+                return engine, names
+        raise TelemetryParseError(f"engine /metrics holds no vLLM, SGLang or TGI metrics{who}")
+    names = DIALECTS.get(dialect)
+    if names is None:
+        raise ValueError(f"unknown metrics dialect {dialect!r}; expected auto, {', '.join(DIALECTS)}")
+    if not any(k.startswith(names.prefix) for k in idx):
+        raise TelemetryParseError(f"engine /metrics holds no {dialect} metrics ({names.prefix}*){who}")
+    return dialect, names
+
+
+def parse_metrics(text: str, model: str | None = None, dialect: str = "auto") -> EngineSample:
+    """Parse one scrape. Raises TelemetryParseError on garbage or when no engine metric is found.
+
+    `dialect` is "auto" (detect from the metric prefixes) or one of DIALECTS."""
     idx = _index(text, model)
-    if any(k.startswith("vllm:") for k in idx):
-        engine, names = "vllm", _VLLM
-    elif any(k.startswith("sglang:") for k in idx):
-        engine, names = "sglang", _SGLANG
-    else:
-        who = f" for model {model!r}" if model else ""
-        raise TelemetryParseError(f"engine /metrics holds no vLLM or SGLang metrics{who}")
+    engine, names = _dialect(idx, dialect, model)
 
     running = _sum(idx, names.running)
     waiting = _sum(idx, names.waiting)
@@ -236,7 +290,7 @@ def parse_metrics(text: str, model: str | None = None) -> EngineSample:
         for labels, _ in idx.get("vllm:cache_config_info", []):
             num_blocks += _int_label(labels, "num_gpu_blocks")
             block_size = max(block_size, _int_label(labels, "block_size"))
-    else:
+    elif engine == "sglang":
         # SGLang exports its token pool size directly: treat it as blocks of one token.
         tokens = _sum(idx, ("sglang:max_total_num_tokens",))
         if tokens:
@@ -246,7 +300,7 @@ def parse_metrics(text: str, model: str | None = None) -> EngineSample:
 
     if kv_usage is not None:
         kv_usage = min(1.0, max(0.0, kv_usage))
-    itl_sum, itl_count = _hist_sum_count(idx, names.itl)
+    itl_sum, itl_count = _hist_sum_count(idx, names.work_itl)
     step_tokens, steps = _hist_sum_count(idx, names.iterations)
     return EngineSample(
         engine=engine,

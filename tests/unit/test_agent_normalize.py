@@ -235,7 +235,7 @@ def test_garbage_raises_parse_error(text: str) -> None:
 @pytest.mark.parametrize(
     ("text", "model", "match"),
     [
-        ("", None, "no vLLM or SGLang metrics"),
+        ("", None, "no vLLM, SGLang or TGI metrics"),
         ("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.0\n", None, "no vLLM"),
         (TWO_MODELS, "other-model", "for model 'other-model'"),
         ('vllm:prompt_tokens_total{model_name="a"} 1.0\n', None, "lacks running/waiting"),
