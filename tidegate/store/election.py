@@ -148,9 +148,14 @@ class Election:
     async def _drop_lease(self, revoke: bool) -> None:
         task, self._keepalive = self._keepalive, None
         if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # Python 3.11's wait_for can swallow a cancel that lands as the refresh completes
+            # (the loop then runs on); cancel until the task is really done.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)
+            if not task.cancelled():
+                with contextlib.suppress(Exception):
+                    task.result()
         lease_id, self._lease_id = self._lease_id, 0
         if revoke and lease_id:
             try:
