@@ -5,6 +5,21 @@ The offered rate is `--load` times the fleet's estimated capacity
 trace's mean lengths), reached by compressing the trace's own arrival times;
 `--rate-scale` sets the compression directly instead. Per-replica figures
 come from the simulated engines' own /metrics, polled while the replay runs.
+
+`--compare round_robin,...` replays the same requests at the same times
+through each policy in turn, on the same fleet (etcd, control plane, engines
+and agents stay up): the fleet's `--policy` (tidegate) first, then the others.
+Between runs the demo waits until every engine is idle (nothing running or
+waiting, so no run inherits another's queue or KV use), then replaces the
+router by a fresh one started with the next `--policy` (a router's policy
+state, such as in-flight accounting or a round-robin cursor, starts empty),
+waits until it routes to every replica and for `--settle-s` so the routing
+table shows idle replicas. What does carry over is what describes the
+hardware, not the load: the control plane's fitted engine rates. The agents'
+30 s latency windows may still hold the previous run's tail; of the
+registered policies only tidegate reads them, and it runs first.
+One router restarted, rather than one router per policy started at once,
+because live routers share the pool's admission budget.
 """
 
 from __future__ import annotations
@@ -13,21 +28,23 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import structlog
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agent.normalize import TelemetryParseError, parse_metrics
 from simulator.profiles import ProfileError, get_profile
 from tidegate import logs
-from tidegate.config import add_flags, load
-from tidegate.fleet import capacity, loadgen, report, traces
+from tidegate.config import ConfigError, add_flags, load
+from tidegate.fleet import capacity, loadgen, report, traces, ttft_chart
 from tidegate.fleet import endpoints as endpoints_file
 from tidegate.fleet.procs import ChildStartError
 from tidegate.fleet.up import Fleet, UpConfig, _Stop, install_stop_signals
+from tidegate.policy import registry
 
 log = structlog.get_logger(__name__)
 
@@ -42,6 +59,34 @@ class DemoConfig(UpConfig):
     slo_ttft_ms: float = Field(2000.0, gt=0, description="TTFT SLO for the attainment figure, milliseconds.")
     slo_tpot_ms: float = Field(100.0, gt=0, description="TPOT SLO for the attainment figure, milliseconds.")
     json_path: Path | None = Field(None, description="Also write the report as JSON to this file.")
+    compare: str | None = Field(None, description="Replay the same trace at the same load through these policies "
+                                "too (comma-separated registered names, e.g. round_robin), one after the other on "
+                                "the same fleet after --policy (tidegate), and print them side by side.")
+    plot: Path | None = Field(None, description="Write a chart of TTFT over time per policy into this directory "
+                                                "(PNG with matplotlib installed, else self-contained HTML).")
+    settle_s: float = Field(3.0, ge=0, description="With --compare: pause, seconds, between runs once the engines "
+                                                   "are idle and the next router routes, so tables show idle "
+                                                   "replicas.")
+
+    @field_validator("compare")
+    @classmethod
+    def _known_policies(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        names = [n.strip() for n in v.split(",") if n.strip()]
+        if not names:
+            raise ValueError("name at least one policy")
+        for name in names:
+            registry.create(name)  # UnknownPolicyError (a ValueError) lists the valid names
+        return ",".join(names)
+
+    def policies(self) -> list[str]:
+        """--policy first, then each --compare policy once."""
+        out = [self.policy]
+        for name in (self.compare or "").split(","):
+            if name and name not in out:
+                out.append(name)
+        return out
 
 
 CONFIG_CLASS = DemoConfig
@@ -77,6 +122,7 @@ class ReplicaWatcher:
         self.peak_kv = {r["id"]: 0.0 for r in replicas}
         self.peak_waiting = {r["id"]: 0 for r in replicas}
         self.last: dict[str, Any] = {}
+        self.base: dict[str, Any] = {}  # counters before the run (an earlier run's are not this one's)
 
     async def poll_once(self, session: aiohttp.ClientSession) -> None:
         for r in self.replicas:
@@ -89,6 +135,17 @@ class ReplicaWatcher:
             self.peak_kv[r["id"]] = max(self.peak_kv[r["id"]], sample.kv_usage or 0.0)
             self.peak_waiting[r["id"]] = max(self.peak_waiting[r["id"]], sample.waiting)
 
+    async def start(self) -> None:
+        async with aiohttp.ClientSession() as session:
+            await self.poll_once(session)
+        self.base = dict(self.last)
+        self.peak_kv = dict.fromkeys(self.peak_kv, 0.0)
+        self.peak_waiting = dict.fromkeys(self.peak_waiting, 0)
+
+    def idle(self) -> bool:
+        return len(self.last) == len(self.replicas) and all(
+            s.running == 0 and s.waiting == 0 for s in self.last.values())
+
     async def run(self, stop: asyncio.Event) -> None:
         async with aiohttp.ClientSession() as session:
             while not stop.is_set():
@@ -100,15 +157,22 @@ class ReplicaWatcher:
             await self.poll_once(session)
 
     def rows(self) -> list[dict[str, Any]]:
+        def counters(s: Any) -> tuple[int, int, int, int]:
+            if s is None:
+                return 0, 0, 0, 0
+            return (int(s.e2e[-1][1]) if s.e2e else 0, int(s.prompt_tokens_total or 0),
+                    int(s.generation_tokens_total or 0), int(s.preemptions_total or 0))
+
         rows = []
         for r in self.replicas:
-            s = self.last.get(r["id"])
+            now, before = counters(self.last.get(r["id"])), counters(self.base.get(r["id"]))
+            requests, prompt, generated, preempted = (a - b for a, b in zip(now, before, strict=True))
             rows.append({
                 "id": r["id"],
-                "requests": int(s.e2e[-1][1]) if s is not None and s.e2e else 0,
-                "prompt_tokens": int(s.prompt_tokens_total or 0) if s is not None else 0,
-                "generation_tokens": int(s.generation_tokens_total or 0) if s is not None else 0,
-                "preemptions": int(s.preemptions_total or 0) if s is not None else 0,
+                "requests": requests,
+                "prompt_tokens": prompt,
+                "generation_tokens": generated,
+                "preemptions": preempted,
                 "peak_kv_usage": round(self.peak_kv[r["id"]], 4),
                 "peak_waiting": self.peak_waiting[r["id"]],
             })
@@ -118,6 +182,7 @@ class ReplicaWatcher:
 async def _replay(cfg: DemoConfig, info: dict[str, Any], trace: list[traces.TraceRequest],
                   time_scale: float) -> tuple[list[report.RequestResult], int, float, list[dict[str, Any]]]:
     watcher = ReplicaWatcher(info["replicas"], cfg.model)
+    await watcher.start()
     stop = asyncio.Event()
     poller = asyncio.create_task(watcher.run(stop))
     loop = asyncio.get_running_loop()
@@ -135,8 +200,26 @@ async def _replay(cfg: DemoConfig, info: dict[str, Any], trace: list[traces.Trac
     return results, sent, elapsed, watcher.rows()
 
 
+async def wait_idle(replicas: list[dict[str, Any]], model: str, timeout_s: float = 60.0) -> bool:
+    """Until no engine runs or queues anything (an aborted request may outlive its client briefly)."""
+    watcher = ReplicaWatcher(replicas, model)
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while True:
+            await watcher.poll_once(session)
+            if watcher.idle():
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.2)
+
+
 def run(args: argparse.Namespace) -> int:
-    cfg = load(DemoConfig, "demo", args, args.config)
+    try:
+        cfg = load(DemoConfig, "demo", args, args.config)
+    except ConfigError as exc:
+        print(f"tidegate demo: {exc}", file=sys.stderr)
+        return 2
     logs.configure(cfg.log_level, cfg.log_json, process="demo")
     try:
         base = traces.load(cfg.trace or traces.shipped_sample())
@@ -159,13 +242,28 @@ def run(args: argparse.Namespace) -> int:
           f"{cfg.duration:g} s ({basis})", flush=True)
 
     path = cfg.endpoints_file or endpoints_file.default_path()
+    policies = cfg.policies()
     install_stop_signals()
     fleet = Fleet(cfg)
+    runs: list[tuple[dict[str, Any], list[report.RequestResult]]] = []
     try:
         info = fleet.start()
         endpoints_file.write(path, info)
         print(f"fleet ready: router {info['router_url']}, {cfg.replicas} simulated replicas", flush=True)
-        results, sent, elapsed, rows = asyncio.run(_replay(cfg, info, trace, time_scale))
+        for i, policy in enumerate(policies):
+            if i > 0:
+                if not asyncio.run(wait_idle(info["replicas"], cfg.model)):
+                    print("tidegate demo: engines still busy after 60 s; comparing anyway", file=sys.stderr)
+                info["router_url"] = fleet.restart_router(policy)
+                endpoints_file.write(path, fleet.info)
+                time.sleep(cfg.settle_s)
+            if len(policies) > 1:
+                print(f"[{i + 1}/{len(policies)}] policy {policy}", flush=True)
+            results, sent, elapsed, rows = asyncio.run(_replay(cfg, info, trace, time_scale))
+            rep = report.build(results, sent=sent, duration_s=elapsed, slo_ttft_ms=cfg.slo_ttft_ms,
+                               slo_tpot_ms=cfg.slo_tpot_ms, replicas=rows, rate_rps=offered, rate_basis=basis,
+                               window_s=cfg.duration)
+            runs.append(({"policy": policy, **rep}, results))
     except ChildStartError as exc:
         print(f"tidegate demo: {exc}", file=sys.stderr)
         return 1
@@ -176,10 +274,21 @@ def run(args: argparse.Namespace) -> int:
         fleet.stop()
         if path.exists():
             path.unlink(missing_ok=True)
-    rep = report.build(results, sent=sent, duration_s=elapsed, slo_ttft_ms=cfg.slo_ttft_ms,
-                       slo_tpot_ms=cfg.slo_tpot_ms, replicas=rows, rate_rps=offered, rate_basis=basis)
-    print(report.render(rep), flush=True)
+    reps = [r for r, _ in runs]
+    out = dict(reps[0])
+    if len(reps) > 1:
+        print(f"\noffered load   {offered:.1f} req/s for {cfg.duration:g} s ({basis}), per policy", flush=True)
+        print(report.render_compare(reps), flush=True)
+        out["compare"] = reps
+    else:
+        print(report.render(out), flush=True)
+    if cfg.plot is not None:
+        chart = ttft_chart.write(cfg.plot, {r["policy"]: ttft_chart.ttft_points(res) for r, res in runs},
+                                 cfg.slo_ttft_ms, f"TTFT over time at {offered:.1f} req/s, {cfg.replicas} x "
+                                 f"{profile.name} (simulated)")
+        out["plot"] = str(chart)
+        print(f"\nchart written to {chart}", flush=True)
     if cfg.json_path is not None:
-        cfg.json_path.write_text(json.dumps(rep, indent=2) + "\n")
+        cfg.json_path.write_text(json.dumps(out, indent=2) + "\n")
         print(f"\nreport written to {cfg.json_path}", flush=True)
-    return 0 if rep["failed"] == 0 else 1
+    return 0 if all(report.errors_count(r) == 0 for r in reps) else 1

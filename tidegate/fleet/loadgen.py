@@ -19,6 +19,8 @@ import aiohttp
 from tidegate.fleet.report import RequestResult
 from tidegate.fleet.traces import TraceRequest
 
+# Why the router refused a request (429): admission's reasons, budget_exhausted.
+REJECT_REASON_HEADER = "x-tidegate-reject-reason"
 # One "token" of filler text; the simulator's documented rule counts it as one token.
 _WORD = "tok "
 
@@ -40,7 +42,7 @@ class Progress:
 
 
 async def _one(session: aiohttp.ClientSession, url: str, model: str, req: TraceRequest,
-               progress: Progress, timeout_s: float) -> RequestResult:
+               progress: Progress, timeout_s: float, sent_s: float = 0.0) -> RequestResult:
     body = {
         "model": model,
         "prompt": make_prompt(req.prompt_tokens),
@@ -57,7 +59,8 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, req: TraceR
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 await resp.read()
-                return _fail(progress, f"http {resp.status}", resp.status)
+                return _fail(progress, f"http {resp.status}", resp.status, sent_s,
+                             resp.headers.get(REJECT_REASON_HEADER, ""))
             buf = b""
             async for chunk in resp.content.iter_any():
                 buf += chunk
@@ -71,7 +74,7 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, req: TraceR
                         continue
                     msg = json.loads(data)
                     if "error" in msg:
-                        return _fail(progress, "stream error", 200)
+                        return _fail(progress, "stream error", 200, sent_s)
                     for choice in msg.get("choices", []):
                         if choice.get("text"):
                             now = time.perf_counter()
@@ -79,17 +82,18 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, req: TraceR
                             last = now
                             tokens += 1
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-        return _fail(progress, type(exc).__name__, 0)
+        return _fail(progress, type(exc).__name__, 0, sent_s)
     if first is None or tokens < req.output_tokens:
-        return _fail(progress, "short stream", 200)
+        return _fail(progress, "short stream", 200, sent_s)
     progress.completed += 1
     tpot = (last - first) / (tokens - 1) if last is not None and tokens > 1 else None
-    return RequestResult(ok=True, ttft_s=first - t0, tpot_s=tpot, output_tokens=tokens, status=200)
+    return RequestResult(ok=True, ttft_s=first - t0, tpot_s=tpot, output_tokens=tokens, status=200, sent_s=sent_s)
 
 
-def _fail(progress: Progress, error: str, status: int) -> RequestResult:
+def _fail(progress: Progress, error: str, status: int, sent_s: float, reason: str = "") -> RequestResult:
     progress.failed += 1
-    return RequestResult(ok=False, ttft_s=None, tpot_s=None, output_tokens=0, error=error, status=status)
+    return RequestResult(ok=False, ttft_s=None, tpot_s=None, output_tokens=0, error=error, status=status,
+                         sent_s=sent_s, reason=reason)
 
 
 async def replay(url: str, model: str, trace: Sequence[TraceRequest], *, time_scale: float,
@@ -119,7 +123,8 @@ async def replay(url: str, model: str, trace: Sequence[TraceRequest], *, time_sc
                 if delay > 0:
                     await asyncio.sleep(delay)
                 progress.sent += 1
-                tasks.append(asyncio.create_task(_one(session, url, model, req, progress, request_timeout_s)))
+                tasks.append(asyncio.create_task(_one(session, url, model, req, progress, request_timeout_s,
+                                                      time.perf_counter() - start)))
             results = list(await asyncio.gather(*tasks))
         finally:
             tick.cancel()

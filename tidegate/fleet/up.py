@@ -25,12 +25,13 @@ from types import FrameType
 from typing import Any
 
 import structlog
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tidegate import logs
 from tidegate.config import ConfigBase, EtcdFields, add_flags, load
 from tidegate.fleet import endpoints as endpoints_file
 from tidegate.fleet.procs import Child, ChildStartError, stop_all, tidegate_argv
+from tidegate.policy import registry
 
 log = structlog.get_logger(__name__)
 
@@ -60,9 +61,17 @@ class UpConfig(ConfigBase, EtcdFields):
                                                              "class).")
     simulated_gpu: bool = Field(False, description="Agents read simulated NVML readings from their simulator "
                                 "(`--gpu-source sim`), so GPU faults can be injected through POST /sim/faults.")
+    policy: str = Field("tidegate", min_length=1, description="The router's routing policy, by name "
+                        "(`tidegate router --policy`; the registered names are in its help).")
     metrics: bool = Field(False, description="Give every control plane and agent a Prometheus /metrics port (free "
                           "ports, listed under `metrics` in the endpoints file with the router's) so a local "
                           "Prometheus can scrape the whole fleet (deploy/prometheus/alerts.yml).")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        registry.create(v)  # UnknownPolicyError (a ValueError) lists the valid names
+        return v
 
 
 def free_port() -> int:
@@ -137,6 +146,7 @@ class Fleet:
         self.etcd: Any = None
         self.etcd_endpoints: tuple[str, ...] = cfg.etcd
         self.info: dict[str, Any] = {}
+        self._etcd_access: list[str] = []
         self._reported: set[str] = set()
 
     # ------------------------------------------------------------------ start
@@ -148,7 +158,9 @@ class Fleet:
 
     def _router_flags(self) -> list[str]:
         cfg = self.cfg
-        out = ["--trust-priority-header"] if cfg.trust_priority_header else []
+        out = ["--policy", cfg.policy]
+        if cfg.trust_priority_header:
+            out.append("--trust-priority-header")
         if cfg.admission:
             out.append("--admission")
         if cfg.admission_queue is not None:
@@ -215,10 +227,8 @@ class Fleet:
             replicas.append({"id": rid, "model": cfg.model, "engine_url": url,
                              "sim_pid": sim.pid, "agent_pid": agent.pid})
 
-        router = self._child(
-            "router", "router", *etcd_access, "--port", str(cfg.router_port), "--region", cfg.region,
-            "--router-id", "router-0", *self._router_flags(), *self._common())
-        router_url = f"http://127.0.0.1:{router.wait_port()}"
+        self._etcd_access = etcd_access
+        router_url = self._start_router()
         if cfg.metrics:
             metrics["router"] = router_url.removeprefix("http://")
 
@@ -245,6 +255,27 @@ class Fleet:
             self.info["pids"]["etcd"] = self.etcd.pid
         self._wait_routable(router_url)
         return self.info
+
+    def _start_router(self) -> str:
+        router = self._child(
+            "router", "router", *self._etcd_access, "--port", str(self.cfg.router_port), "--region",
+            self.cfg.region, "--router-id", "router-0", *self._router_flags(), *self._common())
+        return f"http://127.0.0.1:{router.wait_port()}"
+
+    def restart_router(self, policy: str) -> str:
+        """Replace the router by a fresh one running `policy` (same id, so it takes over the old
+        one's presence key and admission share); returns its URL once every replica is routable."""
+        old = next(c for c in self.children if c.name == "router")
+        old.stop()
+        self.children.remove(old)
+        self.cfg = self.cfg.model_copy(update={"policy": policy})
+        url = self._start_router()
+        self.info["router_url"] = url
+        self.info["pids"]["router"] = self.children[-1].pid
+        if "metrics" in self.info:
+            self.info["metrics"]["router"] = url.removeprefix("http://")
+        self._wait_routable(url)
+        return url
 
     def _wait_routable(self, router_url: str) -> None:
         """Ready when the router holds a table in which every replica is routable (weight > 0):
