@@ -20,11 +20,14 @@ Decisions:
 - The pool's SLO record (`slos`, from /tidegate/v1/slos/) travels inside its table, so a router
   reads the targets and the replicas they judge at one revision; a changed target is a change.
   `slos=None` (not read from etcd yet) writes nothing.
+- The changed pools are written concurrently, all under one fence taken before the writes; a
+  pool whose write failed stays unpublished and is retried next tick.
 - etcd errors are logged once (and once when they clear); the next tick retries.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from types import MappingProxyType
@@ -125,6 +128,7 @@ class TablePublisher:
             return written
         try:
             self._known_pools.update(tables)
+            changed: list[tuple[str, int, tuple[object, ...], list[records_pb2.RouteEntry], bytes]] = []
             for pool in sorted(self._known_pools):
                 if pool in hold:
                     continue
@@ -133,9 +137,6 @@ class TablePublisher:
                 rkey = routing_key(entries) + ((slo.ttft_s, slo.tpot_s) if slo is not None else (),)
                 if self._published.get(pool) == rkey:
                     continue
-                current = fence()
-                if current is None:
-                    break
                 gen = self._generation.get(pool, 0) + 1
                 table = records_pb2.RoutingTable(
                     pool=pool, generation=gen, leader_id=self._id, replicas=entries,
@@ -144,15 +145,30 @@ class TablePublisher:
                 )
                 if slo is not None:
                     table.slo.CopyFrom(slo)
-                await self._store.put_fenced(keys.table(pool), codec.encode(table), current)
-                self._generation[pool] = gen
-                self._published[pool] = rkey
-                self._previous[pool] = tuple(entries)
-                written.append(pool)
-                if self._metrics:
-                    self._metrics.tables_published.labels(pool=pool).inc()
-                log.info("table_published", pool=pool, generation=gen, replicas=len(entries),
-                         routable=sum(1 for e in entries if e.weight > 0))
+                changed.append((pool, gen, rkey, entries, codec.encode(table)))
+            current = fence() if changed else None
+            if current is not None:
+                # Every changed pool at once: a tick's writes cost one etcd round trip, not one per
+                # pool (sequential writes made a tick of tens of pools, and so propagation, slow).
+                results = await asyncio.gather(
+                    *(self._store.put_fenced(keys.table(pool), data, current) for pool, _, _, _, data in changed),
+                    return_exceptions=True)
+                for (pool, gen, rkey, entries, _), res in zip(changed, results, strict=True):
+                    if isinstance(res, BaseException):
+                        continue
+                    self._generation[pool] = gen
+                    self._published[pool] = rkey
+                    self._previous[pool] = tuple(entries)
+                    written.append(pool)
+                    if self._metrics:
+                        self._metrics.tables_published.labels(pool=pool).inc()
+                    log.info("table_published", pool=pool, generation=gen, replicas=len(entries),
+                             routable=sum(1 for e in entries if e.weight > 0))
+                # A refused fence first: it decides what happens next.
+                errors = sorted((r for r in results if isinstance(r, BaseException)),
+                                key=lambda e: not isinstance(e, FencedError))
+                if errors:
+                    raise errors[0]
         except FencedError as e:
             log.warning("publish_fenced", error=str(e))
             self._on_fenced(str(e))
