@@ -436,7 +436,7 @@ class Simulation:
     def _placement(self, router: SimRouter, features: RequestFeatures) -> adm.Placement:
         preds = router.policy.predictions(PoolSnapshot(router.view, router.inflight, frozenset(),  # type: ignore[attr-defined]
                                                        slo=self.cfg.slo), features)
-        return adm.placement(preds, self.cfg.admission.tpot_guard)  # type: ignore[union-attr]
+        return adm.placement(preds, self.cfg.admission.tpot_guard, self._slo.tpot_s)  # type: ignore[union-attr]
 
     def _reject(self, rec: RequestRecord, d: adm.Decision) -> None:
         rec.rejected = d.reason

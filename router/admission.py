@@ -124,7 +124,7 @@ class Gate:
 
     def _placement(self, p: _Pool, snapshot: PoolSnapshot, request: RequestFeatures) -> adm.Placement:
         preds = p.policy.predictions(snapshot, request)  # type: ignore[attr-defined]
-        return adm.placement(preds, self.cfg.tpot_guard)
+        return adm.placement(preds, self.cfg.tpot_guard, snapshot.slo.tpot_s if snapshot.slo else None)
 
     async def admit(self, pool: str, policy: object, request: RequestFeatures, cls: str, slo: SloTargets,
                     arrival_s: float, snapshot: Callable[[SloTargets | None], PoolSnapshot]) -> Admitted | Rejected:

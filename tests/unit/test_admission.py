@@ -72,6 +72,17 @@ def test_arrival(case: str, setup: list, cls: str, p: Placement, action: str, re
         assert d.open == p.open
 
 
+def test_higher_class_arrivals_that_take_the_drain_shed_a_lower_class_at_once() -> None:
+    q = AdmissionQueue(cfg())
+    for i in range(10):  # 10 x 2,000 critical tokens dispatched now: 10k tokens/s over a 2 s horizon
+        assert q.arrive(f"c{i}", "critical", 0.0, 2.0, place(0.1, tokens=2000)).action == DISPATCH
+    closed = place(0.1, frozenset(), tokens=500)
+    assert q.arrive("s", "sheddable", 0.0, 2.0, closed).reason == SHED
+    assert q.arrive("c", "critical", 0.0, 2.0, closed).action == HOLD
+    # long after the burst the rate has decayed: a sheddable request may wait again
+    assert q.arrive("s2", "sheddable", 30.0, 32.0, closed).action == HOLD
+
+
 def test_zero_length_queue_never_holds() -> None:
     q = AdmissionQueue(AdmissionConfig({"critical": ClassLimits(4, 1.0), "standard": ClassLimits(0, 1.0),
                                         "sheddable": ClassLimits(4, 0.0)}))
@@ -112,7 +123,8 @@ def test_try_head(case: str, now: float, p: Placement, action: str, reason: str)
 def test_sweep_sheds_lower_class_displaced_by_higher() -> None:
     q = AdmissionQueue(cfg())
     held(q, "sheddable", "s", tokens=1000)      # 0.1 s of pool prefill at 10k tokens/s
-    held(q, "critical", "c", tokens=19_000)     # now 1.9 s ahead of the sheddable one
+    # 1.7 s of critical prefill ahead of it, and critical arrivals at 8.5k of the 10k tokens/s
+    held(q, "critical", "c", tokens=17_000)
     out = q.sweep(0.1)
     assert [(h.key, d.reason) for h, d in out] == [("s", SHED)]
     assert "c" in q and "s" not in q

@@ -11,14 +11,21 @@ prefill budget (what one step may carry within the TPOT target: TPOT protection)
 
     open         = {r : queued_r == 0  or  queued_r + prefill_r <= budget_r}     (guard on)
     ttft_best    = min_r TTFT_r;    ttft_open = min_{r in open} TTFT_r
+    drain        = sum_r budget_r / tpot_slo  (guard on; else sum_r prefill_tps_r): the prefill
+                   tokens/s the pool takes in while every step stays within the TPOT target
     ahead_k      = prefill tokens queued here of class k, before the request
-    wait(S)      = sum_{k in S} ahead_k / sum_r prefill_tps_r      (the pool drains the queue)
+    arriving_k   = admitted prefill tokens/s of class k, a moving average over the TTFT target,
+                   less its held tokens / that horizon (those are already ahead)
+    wait(c)      = (ahead_c + own) / drain          (its class ahead of it, then its own prefill)
+    wait(>=c)    = (sum_{k >= c} ahead_k + own) / (drain - sum_{k > c} arriving_k)
+                   (higher classes ahead, and those arriving meanwhile, go first; inf when they
+                   alone take the whole drain)
     remaining    = deadline - now
 
 On arrival of a request of class c:
 1. nothing of class >= c is queued, `open` not empty and ttft_open <= remaining -> dispatch;
-2. wait({c}) + ttft_best > remaining                 -> reject `deadline_unmeetable`;
-3. wait({k >= c}) + ttft_best > remaining            -> reject `shed` (higher classes are ahead);
+2. wait(c) + ttft_best > remaining                   -> reject `deadline_unmeetable`;
+3. wait(>=c) + ttft_best > remaining                 -> reject `shed` (higher classes go first);
 4. its class queue holds max_queue[c]                 -> reject `queue_full`;
 5. otherwise hold it.
 
@@ -129,12 +136,22 @@ class Placement:
     ttft_s: float                   # best predicted TTFT over the candidates (inf: none)
     open: frozenset[str]            # replicas whose prefill budget admits the request now
     open_ttft_s: float              # best predicted TTFT over `open` (inf: none)
-    prefill_tps: float              # the pool's prefill rate: how fast the router's queue drains
+    prefill_tps: float              # the pool's drain: prefill tokens/s it takes in within the TPOT target
     prefill_tokens: float           # the request's own uncached prefill where it is best placed
 
 
-def placement(preds: Sequence[Prediction], tpot_guard: bool = True) -> Placement:
-    """From the pick's predictions on every candidate (an empty list: nothing can serve it)."""
+def drain_tps(p: Prediction, tpot_guard: bool, tpot_s: float | None) -> float:
+    """Prefill tokens/s a replica takes in: with the guard, one budget per step of at most the
+    TPOT target (budget / tpot); a replica with no budget takes one prompt at a time at its rate."""
+    rate = max(0.0, p.prefill_tps)
+    if tpot_guard and tpot_s and 0 < p.prefill_budget < math.inf:
+        return min(rate, p.prefill_budget / tpot_s)
+    return rate
+
+
+def placement(preds: Sequence[Prediction], tpot_guard: bool = True, tpot_s: float | None = None) -> Placement:
+    """From the pick's predictions on every candidate (an empty list: nothing can serve it);
+    `tpot_s`: the request's TPOT target (the drain under the guard)."""
     if not preds:
         return Placement(math.inf, frozenset(), math.inf, 0.0, 0.0)
     best = min(preds, key=lambda p: (p.ttft_s, p.replica_id))
@@ -142,7 +159,7 @@ def placement(preds: Sequence[Prediction], tpot_guard: bool = True) -> Placement
              if not tpot_guard or p.queued_prefill <= 0 or p.queued_prefill + p.prefill_tokens <= p.prefill_budget]
     return Placement(best.ttft_s, frozenset(p.replica_id for p in open_),
                      min((p.ttft_s for p in open_), default=math.inf),
-                     sum(max(0.0, p.prefill_tps) for p in preds), float(best.prefill_tokens))
+                     sum(drain_tps(p, tpot_guard, tpot_s) for p in preds), float(best.prefill_tokens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +193,10 @@ class AdmissionQueue:
         self._q: dict[str, deque[Held]] = {c: deque() for c in CLASSES}
         self._tokens: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
         self._keys: dict[object, Held] = {}
-        self._rate = 0.0  # the pool's prefill rate, as last predicted
+        self._rate = 0.0  # the pool's drain, as last predicted
+        self._arriving: dict[str, float] = dict.fromkeys(CLASSES, 0.0)  # admitted prefill tokens/s
+        self._arrived_s: float | None = None
+        self._horizon_s = 1.0
 
     # ------------------------------------------------------------------ reading
 
@@ -204,10 +224,28 @@ class AdmissionQueue:
         """The earliest max-wait expiry of a held request (FIFO per class: the heads')."""
         return min((q[0].expire_s for q in self._q.values() if q), default=None)
 
-    def _wait_s(self, tokens: float) -> float:
+    def _wait_s(self, tokens: float, above: int = 0) -> float:
+        """Time to drain `tokens` ahead when the classes ranked before `above` keep arriving."""
         if tokens <= 0:
             return 0.0
-        return tokens / self._rate if self._rate > 0 else math.inf
+        # Arrivals still held are already in `tokens`: only the rest of each class's rate comes extra.
+        rate = self._rate - sum(max(0.0, self._arriving[c] - self._tokens[c] / self._horizon_s)
+                                for c in CLASSES[:above])
+        return tokens / rate if rate > 0 else math.inf
+
+    def _decay(self, now: float) -> None:
+        if self._arrived_s is not None and now > self._arrived_s:
+            keep = math.exp(-(now - self._arrived_s) / self._horizon_s)
+            for c in CLASSES:
+                self._arriving[c] *= keep
+        self._arrived_s = now if self._arrived_s is None else max(self._arrived_s, now)
+
+    def _count(self, cls: str, tokens: float, horizon_s: float) -> None:
+        """An admitted request (dispatched or held): its prefill joins its class's arrival rate,
+        a moving average over the TTFT target (the horizon its successors' fate is decided in)."""
+        if horizon_s > 0:
+            self._horizon_s = horizon_s
+        self._arriving[cls] += max(0.0, tokens) / self._horizon_s
 
     def _retry_after(self, backlog_s: float) -> int:
         if not math.isfinite(backlog_s):
@@ -221,12 +259,16 @@ class AdmissionQueue:
         rank = _RANK[cls]
         if place.prefill_tps > 0:
             self._rate = place.prefill_tps
+        self._decay(now)
         remaining = deadline_s - now
         before = any(self._q[c] for c in CLASSES[:rank + 1])
         if not before and place.open and place.open_ttft_s <= remaining:
+            self._count(cls, place.prefill_tokens, remaining)
             return Decision(DISPATCH, open=place.open)
-        own_wait = self._wait_s(self._tokens[cls])
-        all_wait = self._wait_s(sum(self._tokens[c] for c in CLASSES[:rank + 1]))
+        # It waits for the prefill ahead of it and for its own prefill's worth of budget to free.
+        own = max(1.0, place.prefill_tokens)
+        own_wait = self._wait_s(self._tokens[cls] + own)
+        all_wait = self._wait_s(sum(self._tokens[c] for c in CLASSES[:rank + 1]) + own, rank)
         if own_wait + place.ttft_s > remaining:
             return Decision(REJECT, DEADLINE_UNMEETABLE, self._retry_after(all_wait + place.ttft_s - remaining))
         if all_wait + place.ttft_s > remaining:
@@ -240,6 +282,7 @@ class AdmissionQueue:
         self._q[cls].append(h)
         self._tokens[cls] += h.prefill_tokens
         self._keys[key] = h
+        self._count(cls, h.prefill_tokens, remaining)
         return Decision(HOLD)
 
     def sweep(self, now: float) -> list[tuple[Held, Decision]]:
@@ -247,7 +290,8 @@ class AdmissionQueue:
         their place in the queue; returns them (removed) with their decisions."""
         out: list[tuple[Held, Decision]] = []
         ahead_all = 0.0
-        for c in CLASSES:
+        self._decay(now)
+        for rank, c in enumerate(CLASSES):
             ahead_own = 0.0
             keep: deque[Held] = deque()
             for h in self._q[c]:
@@ -255,9 +299,10 @@ class AdmissionQueue:
                     out.append((h, Decision(REJECT, QUEUE_TIMEOUT, self._retry_after(self._wait_s(ahead_all)))))
                     continue
                 remaining = h.deadline_s - now
-                t_all = self._wait_s(ahead_all + ahead_own) + h.ttft_s
+                t_all = self._wait_s(ahead_all + ahead_own + h.prefill_tokens, rank) + h.ttft_s
                 if t_all > remaining:
-                    reason = SHED if self._wait_s(ahead_own) + h.ttft_s <= remaining else DEADLINE_UNMEETABLE
+                    reason = (SHED if self._wait_s(ahead_own + h.prefill_tokens) + h.ttft_s <= remaining
+                              else DEADLINE_UNMEETABLE)
                     out.append((h, Decision(REJECT, reason, self._retry_after(t_all - remaining))))
                     continue
                 keep.append(h)
