@@ -18,6 +18,7 @@ import structlog
 from aiohttp import web
 from pydantic import Field, field_validator
 
+from router import credentials
 from router.admission import AdmissionMetrics, Gate
 from router.admission_budgets import AdmissionBudgets
 from router.app import MIB, build_app, make_session
@@ -110,6 +111,10 @@ class RouterConfig(ConfigBase, EtcdFields):
                                                      "every class, or critical=N,standard=N,sheddable=N.")
     admission_max_wait: str = Field("30s", description="Admission: longest a request is held, per class: one "
                                                        "duration (30s, 500ms) or critical=30s,standard=10s,...")
+    engine_api_key: str = Field(
+        "", description="Credential the router sends to engines as 'Authorization: Bearer KEY' (engines "
+        "started with --api-key), per pool: POOL=file:PATH or POOL=env:VAR, comma-separated; POOL * covers "
+        "every pool without its own. Read once at startup. Clients' own Authorization is never forwarded.")
     tpot_guard: bool = Field(True, description="Admission: hold requests that would take a replica's outstanding "
                                                "prefill past what its TPOT target allows (TPOT protection).")
 
@@ -117,6 +122,12 @@ class RouterConfig(ConfigBase, EtcdFields):
     @classmethod
     def _admission_values(cls, v: str, info) -> str:  # type: ignore[no-untyped-def]
         return check_admission_flag(info.field_name, v)
+
+    @field_validator("engine_api_key")
+    @classmethod
+    def _engine_api_key(cls, v: str) -> str:
+        credentials.parse_spec(v)
+        return v
 
     @field_validator("policy")
     @classmethod
@@ -143,7 +154,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"tidegate router: {exc}", file=sys.stderr)
         return 2
     logs.configure(cfg.log_level, cfg.log_json, process="router")
-    return asyncio.run(serve(cfg))
+    try:
+        engine_credentials = credentials.load(credentials.parse_spec(cfg.engine_api_key), os.environ)
+    except ConfigError as exc:
+        print(f"tidegate router: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(cfg, engine_credentials))
 
 
 async def _connect(store: EtcdStore) -> None:
@@ -174,7 +190,8 @@ async def _sync_tables(store: Store, tables: RoutingTables) -> None:
             await task
 
 
-async def serve(cfg: RouterConfig) -> int:
+async def serve(cfg: RouterConfig,
+                engine_credentials: credentials.EngineCredentials = credentials.NO_CREDENTIALS) -> int:
     router_id = cfg.router_id or f"{socket.gethostname()}-{os.getpid()}"
     structlog.contextvars.bind_contextvars(router_id=router_id)
     tables = RoutingTables()
@@ -201,7 +218,8 @@ async def serve(cfg: RouterConfig) -> int:
                                 policy=cfg.policy, body_timeout_s=cfg.body_timeout_s,
                                 max_json_depth=cfg.max_json_depth,
                                 trust_priority_header=cfg.trust_priority_header,
-                                default_slo=SloTargets(ttft_s=cfg.default_slo_ttft_s, tpot_s=cfg.default_slo_tpot_s)))
+                                default_slo=SloTargets(ttft_s=cfg.default_slo_ttft_s, tpot_s=cfg.default_slo_tpot_s),
+                                engine_credentials=engine_credentials))
     gate = None
     if cfg.admission:
         gate = Gate(admission_config(cfg.admission_queue, cfg.admission_max_wait, cfg.tpot_guard), time.monotonic,

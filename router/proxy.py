@@ -35,6 +35,7 @@ from multidict import CIMultiDict
 from router.admission import Gate, Rejected, rejection_response
 from router.admission_budgets import AdmissionBudgets
 from router.budget import RetryBudget
+from router.credentials import NO_CREDENTIALS, EngineCredentials
 from router.inflight import InflightCounter
 from router.metrics import RouterMetrics
 from router.parse import DEFAULT_MAX_JSON_DEPTH, BadRequest, error_body, parse_request, request_prefix_hashes
@@ -77,6 +78,7 @@ class ProxySettings:
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     trust_priority_header: bool = False  # read x-tidegate-priority (else every request is standard)
     default_slo: SloTargets | None = None  # for pools without an SLO of their own (None: the policy's)
+    engine_credentials: EngineCredentials = NO_CREDENTIALS  # Authorization to send to each pool's engines
 
 
 @dataclass(frozen=True)
@@ -338,6 +340,9 @@ class Proxy:
                        first_token: Callable[[], None] | None = None) -> web.StreamResponse | _Failure:
         url = choice.endpoint + request.rel_url.path_qs
         headers = forward_request_headers(request.headers)
+        engine_auth = self._settings.engine_credentials.authorization(table.pool)
+        if engine_auth is not None:
+            headers["Authorization"] = engine_auth
         sent = self._clock()
         upstream: aiohttp.ClientResponse | None = None
         done = False

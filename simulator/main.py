@@ -62,6 +62,8 @@ class SimConfig(ConfigBase):
     num_gpu_blocks: int | None = Field(None, gt=0, description="Override the profile's KV cache size, in blocks.")
     max_model_len: int | None = Field(None, gt=0, description="Override the profile's max_model_len.")
     fail_health: bool = Field(False, description="Answer GET /health with 503 (an unhealthy replica).")
+    api_key: str = Field("", description="Require 'Authorization: Bearer KEY' on the /v1 routes, as vLLM's "
+                                         "--api-key does (401 otherwise); /health, /metrics and /sim stay open.")
     speedup: float = Field(1.0, gt=0, description="Divide every step time by this factor (fast tests).")
     gpu_count: int | None = Field(
         None, gt=0, le=64,
@@ -107,7 +109,7 @@ async def serve(cfg: SimConfig, profile: Profile) -> None:
     # Random, not seeded: replicas started with the same seed must still have distinct GPUs.
     gpus = SimulatedGpus(layout, ["GPU-" + str(uuid.uuid4()) for _ in range(layout.gpu_count)])
     app = create_app(engine, model, metrics_flavor=cfg.metrics_flavor, speedup=cfg.speedup,
-                     fail_health=cfg.fail_health, gpus=gpus, on_crash=_crash)
+                     fail_health=cfg.fail_health, gpus=gpus, on_crash=_crash, api_key=cfg.api_key or None)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port)

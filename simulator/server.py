@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import time
 import uuid
@@ -437,17 +438,32 @@ class SimServer:
 SIM_KEY = web.AppKey("tidegate_sim", SimServer)
 
 
+def _require_api_key(api_key: str) -> Any:
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.startswith("/v1/"):
+            got = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(got, expected):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return check
+
+
 def create_app(engine: Engine, model: str, *, metrics_flavor: str = "vllm", speedup: float = 1.0,
                fail_health: bool = False, gpus: SimulatedGpus | None = None,
-               on_crash: Callable[[], None] | None = None) -> web.Application:
+               on_crash: Callable[[], None] | None = None, api_key: str | None = None) -> web.Application:
     """The aiohttp application of one simulated replica; ``app[SIM_KEY]`` is its SimServer.
     Serve it with ``web.AppRunner(app, handler_cancellation=True)`` so that a client that goes
     away cancels its handler (and frees its KV) at once. ``gpus``: the simulated GPUs (default:
     the profile's layout, one random uuid). ``on_crash``: what a ``{"crash": true}`` fault calls
-    (it should not return); without it that fault answers 409."""
+    (it should not return); without it that fault answers 409. ``api_key``: require it as a bearer
+    token on /v1 routes, answering 401 like vLLM's --api-key."""
     sim = SimServer(engine, model, metrics_flavor=metrics_flavor, speedup=speedup, fail_health=fail_health,
                     gpus=gpus, on_crash=on_crash)
-    app = web.Application()
+    app = web.Application(middlewares=[_require_api_key(api_key)] if api_key else [])
     app[SIM_KEY] = sim
 
     async def _on_startup(_: web.Application) -> None:

@@ -1,0 +1,169 @@
+"""Per-pool engine credentials (router/credentials.py) and the proxy sending them, over real HTTP to
+the simulator started with an API key (as vLLM's --api-key)."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from router import credentials
+from router.app import build_app, make_session
+from router.budget import RetryBudget
+from router.inflight import InflightCounter
+from router.main import RouterConfig
+from router.metrics import RouterMetrics
+from router.proxy import Proxy, ProxySettings
+from router.tables import RoutingTables
+from simulator.engine import Engine
+from simulator.profiles import get_profile
+from simulator.server import create_app
+from tidegate import codec, keys
+from tidegate.config import ConfigError, load
+from tidegate.store.api import KeyValue
+from tidegate.v1.records_pb2 import RouteEntry, RoutingTable
+
+MODEL = "m"
+KEY = "sk-engine-7f3a"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+# ------------------------------------------------------------------------------------ spec and loading
+
+
+@pytest.mark.parametrize(
+    ("spec", "want"),
+    [
+        ("", ()),
+        ("m=env:VLLM_API_KEY", (("m", "env", "VLLM_API_KEY"),)),
+        (" *=file:/run/secrets/k , big=env:BIG_KEY ", (("*", "file", "/run/secrets/k"), ("big", "env", "BIG_KEY"))),
+        ("m=file:/a=b:c", (("m", "file", "/a=b:c"),)),
+    ],
+    ids=["empty", "env", "any-and-pool", "path-with-separators"],
+)
+def test_parse_spec(spec: str, want: tuple[tuple[str, str, str], ...]) -> None:
+    got = credentials.parse_spec(spec)
+    assert tuple((c.pool, c.kind, c.where) for c in got) == want
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("m", "expected POOL=file:PATH"),
+        ("m=VLLM_API_KEY", "expected POOL=file:PATH"),
+        ("m=s3:bucket/key", "expected POOL=file:PATH"),
+        ("=env:K", "expected POOL=file:PATH"),
+        ("m=env:", "expected POOL=file:PATH"),
+        ("m=env:not-a-name", "not an environment variable name"),
+        ("m=env:A,m=env:B", "given twice"),
+    ],
+    ids=["no-source", "no-kind", "bad-kind", "no-pool", "empty-var", "bad-var", "twice"],
+)
+def test_parse_spec_rejects(spec: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        credentials.parse_spec(spec)
+    with pytest.raises(ConfigError, match="engine_api_key"):
+        load(RouterConfig, "router", {"engine_api_key": spec}, environ={})
+
+
+def test_load_reads_files_and_env_and_prefers_the_pools_own(tmp_path: Path) -> None:
+    (tmp_path / "key").write_text(f"  {KEY}\n")
+    creds = credentials.load(credentials.parse_spec(f"big=file:{tmp_path / 'key'},*=env:ANY_KEY"),
+                             {"ANY_KEY": "sk-any"})
+    assert creds.authorization("big") == f"Bearer {KEY}"
+    assert creds.authorization("small") == "Bearer sk-any"
+    assert credentials.load((), {}).authorization("big") is None
+    assert KEY not in repr(creds) and "sk-any" not in repr(creds)
+
+
+@pytest.mark.parametrize(
+    ("spec", "env", "match"),
+    [
+        ("m=env:UNSET", {}, "pool 'm': env:UNSET is empty or unset"),
+        ("m=env:BLANK", {"BLANK": "  "}, "pool 'm': env:BLANK is empty or unset"),
+        ("m=file:/nonexistent/key", {}, "pool 'm': cannot read file:/nonexistent/key"),
+        ("m=env:TWO", {"TWO": "a\nb"}, "control characters"),
+    ],
+    ids=["unset", "blank", "no-file", "newline"],
+)
+def test_load_errors_name_pool_and_source_never_the_key(spec: str, env: dict[str, str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        credentials.load(credentials.parse_spec(spec), env)
+    assert "a\nb" not in str(info.value)
+
+
+# ------------------------------------------------------------------------- over HTTP, to the simulator
+
+
+@pytest.fixture
+async def sim_url() -> AsyncIterator[str]:
+    app = create_app(Engine(get_profile("tiny-h100"), random.Random(0)), MODEL, speedup=50.0, api_key=KEY)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_sim_requires_its_api_key_on_v1_only(sim_url: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(sim_url + "/v1/chat/completions", json=CHAT) as r:
+            assert (r.status, await r.json()) == (401, {"error": "Unauthorized"})
+        async with http.post(sim_url + "/v1/chat/completions", json=CHAT,
+                             headers={"Authorization": "Bearer wrong"}) as r:
+            assert r.status == 401
+        async with http.post(sim_url + "/v1/chat/completions", json=CHAT,
+                             headers={"Authorization": f"Bearer {KEY}"}) as r:
+            assert r.status == 200
+        for path in ("/health", "/metrics"):
+            async with http.get(sim_url + path) as r:
+                assert r.status == 200
+
+
+async def _through_router(sim_url: str, creds: credentials.EngineCredentials, client_auth: str | None) -> int:
+    tables = RoutingTables()
+    table = RoutingTable(pool=MODEL, generation=2)
+    table.replicas.append(RouteEntry(replica_id="r1", endpoint=sim_url, weight=1.0))
+    tables.on_change(keys.table(MODEL), KeyValue(keys.table(MODEL), codec.encode(table), 2))
+    tables.mark_synced()
+    inflight = InflightCounter()
+    metrics = RouterMetrics(tables, inflight, wall=time.time)
+    session = make_session(1.0)
+    proxy = Proxy(tables, session, inflight, RetryBudget(time.monotonic), metrics, random.Random(1),
+                  ProxySettings(engine_credentials=creds))
+    server = TestServer(build_app(proxy, tables, metrics, "r-test", 1 << 20), host="127.0.0.1")
+    await server.start_server()
+    try:
+        headers = {"Authorization": client_auth} if client_auth else {}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(server.make_url("/v1/chat/completions"), json=CHAT, headers=headers) as r:
+                await r.read()
+                return r.status
+    finally:
+        await server.close()
+        await session.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "env", "client_auth", "status"),
+    [
+        ("", {}, None, 401),                                   # no credential: the engine refuses
+        ("", {}, f"Bearer {KEY}", 401),                       # the client's header is never forwarded
+        ("m=env:K", {"K": KEY}, "Bearer client-token", 200),  # the pool's own credential replaces it
+        ("*=env:K", {"K": KEY}, None, 200),                   # the catch-all covers pools without one
+        ("m=env:BAD,*=env:K", {"K": KEY, "BAD": "nope"}, None, 401),  # the pool's own wins over *
+    ],
+    ids=["none", "client-key-dropped", "pool-key", "any-pool-key", "pool-key-first"],
+)
+async def test_router_sends_the_pools_credential(sim_url: str, spec: str, env: dict[str, str],
+                                                 client_auth: str | None, status: int) -> None:
+    creds = credentials.load(credentials.parse_spec(spec), env)
+    assert await _through_router(sim_url, creds, client_auth) == status
