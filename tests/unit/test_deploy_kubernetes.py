@@ -38,7 +38,9 @@ OVERLAY = K8S / "overlays" / "example"
 K8S_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 # Not in the Kubernetes schemas: checked by _check_service_monitors below instead.
 CRD_KINDS = {"ServiceMonitor": "Prometheus Operator CRD (monitoring.coreos.com/v1): its schema is not "
-                               "vendored; selectors and ports are checked against the Services instead"}
+                               "vendored; selectors and ports are checked against the Services instead",
+             "PrometheusRule": "Prometheus Operator CRD: its rules are deploy/prometheus/alerts.yml, checked by "
+                               "promtool (tests/unit/test_deploy_observability.py)"}
 POD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
 
 

@@ -9,6 +9,7 @@ tests (deploy/prometheus/alerts_test.yml).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -228,6 +229,16 @@ def test_dashboard_is_well_formed() -> None:
         mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
         assert not mine & cells, f"{p['title']} overlaps another panel"
         cells |= mine
+
+
+def test_prometheusrule_is_alerts_yml() -> None:
+    spec = importlib.util.spec_from_file_location("make_prometheusrule", ALERTS.parent / "make_prometheusrule.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.TARGET.read_text() == module.render(), \
+        "deploy/kubernetes/base/prometheusrule.yaml is stale: python deploy/prometheus/make_prometheusrule.py"
+    assert yaml.safe_load(module.TARGET.read_text())["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
 
 
 def _promtool() -> str:
