@@ -182,6 +182,22 @@ def test_every_dashboard_query_names_an_exported_metric() -> None:
     assert _unknown(exprs, _known()) == []
 
 
+def test_engine_metrics_are_real_engines_names() -> None:
+    """The simulator reproduces the engines' names; every dashboard query of engine series must also
+    find a series on the real engines' pages (tests/fixtures/metrics, each with its source)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    real: set[str] = set()
+    for page in (ROOT / "tests" / "fixtures" / "metrics").glob("*.txt"):
+        for family in text_string_to_metric_families(page.read_text()):
+            real.update(s.name for s in family.samples)
+    engine_exprs = [(where, names) for where, e in _dashboard_exprs()
+                    if (names := {n for n in metric_names(e) if n.startswith(("vllm:", "sglang:"))})]
+    assert engine_exprs, "the dashboard shows no engine series"
+    # A query may prefer a newer engine's name (`new or old`); one of its names must be on a real page.
+    assert [f"{where}: {sorted(names)}" for where, names in engine_exprs if not names & real] == []
+
+
 def test_every_rule_names_an_exported_metric() -> None:
     exprs = [(str(r.get("alert") or r.get("record")), str(r["expr"])) for r in _rules()]
     assert _unknown(exprs, _known()) == []
@@ -250,6 +266,21 @@ def _promtool() -> str:
 
 def test_promtool_checks_the_rules() -> None:
     run = subprocess.run([_promtool(), "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
+    """Each query, with Grafana's variables filled in, as a recording rule: promtool parses them all."""
+    grafana_vars = {"$__rate_interval": "5m", "$model": ".*", "$ttft_slo": "2.5"}
+    rules = []
+    for i, (_, expr) in enumerate(_dashboard_exprs()):
+        for var, value in grafana_vars.items():
+            expr = expr.replace(var, value)
+        assert "$" not in expr, expr
+        rules.append({"record": f"dashboard:query_{i}", "expr": expr})
+    path = tmp_path / "dashboard-queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    run = subprocess.run([_promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
 
 
