@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -247,11 +248,22 @@ def test_dashboard_is_well_formed() -> None:
         cells |= mine
 
 
-def test_prometheusrule_is_alerts_yml() -> None:
-    spec = importlib.util.spec_from_file_location("make_prometheusrule", ALERTS.parent / "make_prometheusrule.py")
+def _load(path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_dashboard_json_is_generated() -> None:
+    module = _load(DASHBOARD.parent / "make_dashboard.py")
+    assert DASHBOARD.read_text() == module.render(), \
+        "deploy/grafana/tidegate.json is stale: python deploy/grafana/make_dashboard.py"
+
+
+def test_prometheusrule_is_alerts_yml() -> None:
+    module = _load(ALERTS.parent / "make_prometheusrule.py")
     assert module.TARGET.read_text() == module.render(), \
         "deploy/kubernetes/base/prometheusrule.yaml is stale: python deploy/prometheus/make_prometheusrule.py"
     assert yaml.safe_load(module.TARGET.read_text())["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
