@@ -18,7 +18,7 @@ import structlog
 from aiohttp import web
 from pydantic import Field, field_validator
 
-from router import credentials
+from router import credentials, prompt_tokens
 from router.admission import AdmissionMetrics, Gate
 from router.admission_budgets import AdmissionBudgets
 from router.app import MIB, build_app, make_session
@@ -115,6 +115,10 @@ class RouterConfig(ConfigBase, EtcdFields):
         "", description="Credential the router sends to engines as 'Authorization: Bearer KEY' (engines "
         "started with --api-key), per pool: POOL=file:PATH or POOL=env:VAR, comma-separated; POOL * covers "
         "every pool without its own. Read once at startup. Clients' own Authorization is never forwarded.")
+    tokenizer: str = Field(
+        "", description="Path to the served model's tokenizer.json (Hugging Face 'tokenizers', read locally, "
+        "never downloaded): prompt token counts become exact instead of the UTF-8 bytes / 4 estimate. Needs "
+        "pip install 'tidegate[tokenizer]'.")
     tpot_guard: bool = Field(True, description="Admission: hold requests that would take a replica's outstanding "
                                                "prefill past what its TPOT target allows (TPOT protection).")
 
@@ -156,10 +160,11 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(cfg.log_level, cfg.log_json, process="router")
     try:
         engine_credentials = credentials.load(credentials.parse_spec(cfg.engine_api_key), os.environ)
+        counter = prompt_tokens.from_file(cfg.tokenizer) if cfg.tokenizer else prompt_tokens.ESTIMATE
     except ConfigError as exc:
         print(f"tidegate router: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(cfg, engine_credentials))
+    return asyncio.run(serve(cfg, engine_credentials, counter))
 
 
 async def _connect(store: EtcdStore) -> None:
@@ -191,7 +196,8 @@ async def _sync_tables(store: Store, tables: RoutingTables) -> None:
 
 
 async def serve(cfg: RouterConfig,
-                engine_credentials: credentials.EngineCredentials = credentials.NO_CREDENTIALS) -> int:
+                engine_credentials: credentials.EngineCredentials = credentials.NO_CREDENTIALS,
+                counter: prompt_tokens.PromptCounter = prompt_tokens.ESTIMATE) -> int:
     router_id = cfg.router_id or f"{socket.gethostname()}-{os.getpid()}"
     structlog.contextvars.bind_contextvars(router_id=router_id)
     tables = RoutingTables()
@@ -219,7 +225,7 @@ async def serve(cfg: RouterConfig,
                                 max_json_depth=cfg.max_json_depth,
                                 trust_priority_header=cfg.trust_priority_header,
                                 default_slo=SloTargets(ttft_s=cfg.default_slo_ttft_s, tpot_s=cfg.default_slo_tpot_s),
-                                engine_credentials=engine_credentials))
+                                engine_credentials=engine_credentials, prompt_counter=counter))
     gate = None
     if cfg.admission:
         gate = Gate(admission_config(cfg.admission_queue, cfg.admission_max_wait, cfg.tpot_guard), time.monotonic,
@@ -240,7 +246,7 @@ async def serve(cfg: RouterConfig,
     deepen_backlog(sock)
     port = runner.addresses[0][1]
     print(json.dumps({"event": "listening", "port": port}), flush=True)
-    log.info("router_listening", host=cfg.host, port=port, etcd=",".join(cfg.etcd))
+    log.info("router_listening", host=cfg.host, port=port, etcd=",".join(cfg.etcd), prompt_tokens=counter.source)
 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from simulator.tokens import count_chat_tokens, count_completion_prompt_tokens
+from router.prompt_tokens import ESTIMATE, PromptCounter
 from tidegate.errors import RequestError
 from tidegate.policy.pick import RequestFeatures
 
@@ -105,8 +105,8 @@ def decode_json(body: bytes, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:
     return payload
 
 
-def parse_request(path: str, body: bytes,
-                  max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> tuple[dict[str, Any], RequestFeatures]:
+def parse_request(path: str, body: bytes, max_depth: int = DEFAULT_MAX_JSON_DEPTH,
+                  counter: PromptCounter = ESTIMATE) -> tuple[dict[str, Any], RequestFeatures]:
     payload = decode_json(body, max_depth)
     if not isinstance(payload, dict):
         raise BadRequest("request body must be a JSON object")
@@ -120,7 +120,7 @@ def parse_request(path: str, body: bytes,
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise BadRequest("messages must be a non-empty list of message objects", param="messages")
         try:
-            prompt_tokens = count_chat_tokens(messages)
+            prompt_tokens = counter.chat(messages)
         except TypeError as exc:
             raise BadRequest(str(exc), param="messages") from None
     else:
@@ -130,7 +130,7 @@ def parse_request(path: str, body: bytes,
         if not isinstance(prompt, str | list):
             raise BadRequest("prompt must be a string or a list", param="prompt")
         try:
-            prompt_tokens = count_completion_prompt_tokens(prompt)
+            prompt_tokens = counter.completion(prompt)
         except TypeError as exc:
             raise BadRequest(str(exc), param="prompt") from None
     max_tokens = payload.get("max_completion_tokens", payload.get("max_tokens"))

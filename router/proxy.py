@@ -39,6 +39,7 @@ from router.credentials import NO_CREDENTIALS, EngineCredentials
 from router.inflight import InflightCounter
 from router.metrics import RouterMetrics
 from router.parse import DEFAULT_MAX_JSON_DEPTH, BadRequest, error_body, parse_request, request_prefix_hashes
+from router.prompt_tokens import ESTIMATE, PromptCounter
 from router.ratelog import LogRateLimiter
 from router.refusals import ConnectRefusals
 from router.reqclass import BadHeader, RequestClass, classify
@@ -79,6 +80,7 @@ class ProxySettings:
     trust_priority_header: bool = False  # read x-tidegate-priority (else every request is standard)
     default_slo: SloTargets | None = None  # for pools without an SLO of their own (None: the policy's)
     engine_credentials: EngineCredentials = NO_CREDENTIALS  # Authorization to send to each pool's engines
+    prompt_counter: PromptCounter = ESTIMATE  # prompt tokens: the byte estimate, or --tokenizer's exact count
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,8 @@ class Proxy:
                 request.transport.close()
             return resp
         try:
-            payload, features = parse_request(request.path, body, self._settings.max_json_depth)
+            payload, features = parse_request(request.path, body, self._settings.max_json_depth,
+                                              self._settings.prompt_counter)
         except BadRequest as exc:
             return json_error(400, str(exc), "invalid_request_error", param=exc.param)
         if not self._tables.synced.is_set():

@@ -15,7 +15,7 @@ Pure functions: no I/O, no state.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 BYTES_PER_TOKEN = 4
@@ -51,25 +51,28 @@ def _content_text(content: Any) -> str:
     raise TypeError("message content must be a string, a list of parts or null")
 
 
-def count_chat_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
-    """Tokens of a chat prompt: sum(content tokens + 4 per message) + 2."""
+def count_chat_tokens(messages: Iterable[Mapping[str, Any]],
+                      text_tokens: Callable[[str], int] = _text_tokens) -> int:
+    """Tokens of a chat prompt: sum(content tokens + 4 per message) + 2. `text_tokens` counts a
+    text (default: the byte rule; the router passes a real tokenizer's count when it has one)."""
     total = TOKENS_PER_REPLY
     for msg in messages:
-        total += TOKENS_PER_MESSAGE + _text_tokens(_content_text(msg.get("content")))
+        total += TOKENS_PER_MESSAGE + text_tokens(_content_text(msg.get("content")))
         name = msg.get("name")
         if isinstance(name, str):
-            total += _text_tokens(name)
+            total += text_tokens(name)
     return total
 
 
-def count_completion_prompt_tokens(prompt: str | Sequence[int] | Sequence[str]) -> int:
+def count_completion_prompt_tokens(prompt: str | Sequence[int] | Sequence[str],
+                                   prompt_tokens: Callable[[str], int] = count_prompt_tokens) -> int:
     """Tokens of a /v1/completions `prompt`: a string, a list of token ids, or a list of strings
-    (counted as one prompt made of their concatenation)."""
+    (counted as one prompt made of their concatenation). `prompt_tokens` counts a text prompt."""
     if isinstance(prompt, str):
-        return count_prompt_tokens(prompt)
+        return prompt_tokens(prompt)
     items = list(prompt)
     if items and all(isinstance(x, int) and not isinstance(x, bool) for x in items):
         return len(items)
     if items and all(isinstance(x, str) for x in items):
-        return count_prompt_tokens("".join(items))
+        return prompt_tokens("".join(items))
     raise TypeError("prompt must be a string, a non-empty list of strings or a non-empty list of token ids")

@@ -4,30 +4,21 @@ the simulator started with an API key (as vLLM's --api-key)."""
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from router_harness import post_through_router  # type: ignore[import-not-found]
 
 from router import credentials
-from router.app import build_app, make_session
-from router.budget import RetryBudget
-from router.inflight import InflightCounter
 from router.main import RouterConfig
-from router.metrics import RouterMetrics
-from router.proxy import Proxy, ProxySettings
-from router.tables import RoutingTables
+from router.proxy import ProxySettings
 from simulator.engine import Engine
 from simulator.profiles import get_profile
 from simulator.server import create_app
-from tidegate import codec, keys
 from tidegate.config import ConfigError, load
-from tidegate.store.api import KeyValue
-from tidegate.v1.records_pb2 import RouteEntry, RoutingTable
 
 MODEL = "m"
 KEY = "sk-engine-7f3a"
@@ -128,30 +119,6 @@ async def test_sim_requires_its_api_key_on_v1_only(sim_url: str) -> None:
                 assert r.status == 200
 
 
-async def _through_router(sim_url: str, creds: credentials.EngineCredentials, client_auth: str | None) -> int:
-    tables = RoutingTables()
-    table = RoutingTable(pool=MODEL, generation=2)
-    table.replicas.append(RouteEntry(replica_id="r1", endpoint=sim_url, weight=1.0))
-    tables.on_change(keys.table(MODEL), KeyValue(keys.table(MODEL), codec.encode(table), 2))
-    tables.mark_synced()
-    inflight = InflightCounter()
-    metrics = RouterMetrics(tables, inflight, wall=time.time)
-    session = make_session(1.0)
-    proxy = Proxy(tables, session, inflight, RetryBudget(time.monotonic), metrics, random.Random(1),
-                  ProxySettings(engine_credentials=creds))
-    server = TestServer(build_app(proxy, tables, metrics, "r-test", 1 << 20), host="127.0.0.1")
-    await server.start_server()
-    try:
-        headers = {"Authorization": client_auth} if client_auth else {}
-        async with aiohttp.ClientSession() as http:
-            async with http.post(server.make_url("/v1/chat/completions"), json=CHAT, headers=headers) as r:
-                await r.read()
-                return r.status
-    finally:
-        await server.close()
-        await session.close()
-
-
 @pytest.mark.parametrize(
     ("spec", "env", "client_auth", "status"),
     [
@@ -166,4 +133,7 @@ async def _through_router(sim_url: str, creds: credentials.EngineCredentials, cl
 async def test_router_sends_the_pools_credential(sim_url: str, spec: str, env: dict[str, str],
                                                  client_auth: str | None, status: int) -> None:
     creds = credentials.load(credentials.parse_spec(spec), env)
-    assert await _through_router(sim_url, creds, client_auth) == status
+    headers = {"Authorization": client_auth} if client_auth else {}
+    status_got = await post_through_router(sim_url, ProxySettings(engine_credentials=creds), "/v1/chat/completions",
+                                           CHAT, headers)
+    assert status_got == status

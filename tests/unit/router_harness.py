@@ -1,0 +1,45 @@
+"""One router (a real Proxy behind a real aiohttp server on 127.0.0.1) in front of one engine URL,
+with a hand-fed routing table: for tests of what the router sends to engines."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+
+from router.app import build_app, make_session
+from router.budget import RetryBudget
+from router.inflight import InflightCounter
+from router.metrics import RouterMetrics
+from router.proxy import Proxy, ProxySettings
+from router.tables import RoutingTables
+from tidegate import codec, keys
+from tidegate.store.api import KeyValue
+from tidegate.v1.records_pb2 import RouteEntry, RoutingTable
+
+
+async def post_through_router(engine_url: str, settings: ProxySettings, path: str, payload: dict[str, Any],
+                              headers: dict[str, str] | None = None, pool: str = "m") -> int:
+    """POST `payload` to the router's `path`; the HTTP status the client gets."""
+    tables = RoutingTables()
+    table = RoutingTable(pool=pool, generation=2)
+    table.replicas.append(RouteEntry(replica_id="r1", endpoint=engine_url, weight=1.0))
+    tables.on_change(keys.table(pool), KeyValue(keys.table(pool), codec.encode(table), 2))
+    tables.mark_synced()
+    inflight = InflightCounter()
+    metrics = RouterMetrics(tables, inflight, wall=time.time)
+    session = make_session(1.0)
+    proxy = Proxy(tables, session, inflight, RetryBudget(time.monotonic), metrics, random.Random(1), settings)
+    server = TestServer(build_app(proxy, tables, metrics, "r-test", 1 << 20), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(server.make_url(path), json=payload, headers=headers or {}) as r:
+                await r.read()
+                return r.status
+    finally:
+        await server.close()
+        await session.close()
