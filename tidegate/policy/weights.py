@@ -17,6 +17,12 @@ RS = records_pb2.ReplicaState
 
 # States in which a replica takes new requests (weight > 0). Every other state has weight 0.
 ROUTABLE_STATES = frozenset({RS.REPLICA_STATE_READY, RS.REPLICA_STATE_DEGRADED})
+# Plain ints: reading an attribute of a protobuf enum wrapper is a slow Python-level
+# __getattr__, and decide() runs for every replica several times per control-plane tick.
+_STALE, _DRAINING, _DRAINED, _CORDONED = (RS.REPLICA_STATE_STALE, RS.REPLICA_STATE_DRAINING,
+                                          RS.REPLICA_STATE_DRAINED, RS.REPLICA_STATE_CORDONED)
+_JOINING, _EJECTED, _DEGRADED, _READY = (RS.REPLICA_STATE_JOINING, RS.REPLICA_STATE_EJECTED,
+                                         RS.REPLICA_STATE_DEGRADED, RS.REPLICA_STATE_READY)
 
 
 @dataclass(frozen=True)
@@ -112,29 +118,29 @@ def decide(view: ReplicaView, cfg: WeightPolicyConfig) -> ReplicaDecision:
     if view.report_age_s > cfg.stale_after_s:
         what = "report" if view.has_report else "hello without a report"
         return ReplicaDecision(
-            RS.REPLICA_STATE_STALE, zero,
+            _STALE, zero,
             f"no report for {view.report_age_s:.1f}s (last: {what}; stale after {cfg.stale_after_s:g}s)",
         )
     if view.draining:
         return _drain_decision(view)
     if view.cordoned:
-        return ReplicaDecision(RS.REPLICA_STATE_CORDONED, zero, "cordoned by SRE")
+        return ReplicaDecision(_CORDONED, zero, "cordoned by SRE")
     if not view.has_report:
-        return ReplicaDecision(RS.REPLICA_STATE_JOINING, zero, "hello received, waiting for the first report")
+        return ReplicaDecision(_JOINING, zero, "hello received, waiting for the first report")
     if view.ejected:
-        return ReplicaDecision(RS.REPLICA_STATE_EJECTED, zero, view.ejected)
+        return ReplicaDecision(_EJECTED, zero, view.ejected)
     if view.gpu_faults:
-        return ReplicaDecision(RS.REPLICA_STATE_EJECTED, zero, "gpu fault: " + "; ".join(view.gpu_faults))
+        return ReplicaDecision(_EJECTED, zero, "gpu fault: " + "; ".join(view.gpu_faults))
     if not view.healthy:
         return ReplicaDecision(
-            RS.REPLICA_STATE_EJECTED, zero, "engine unhealthy: " + (view.engine_error or "health check failed")
+            _EJECTED, zero, "engine unhealthy: " + (view.engine_error or "health check failed")
         )
 
     free = kv_free_fraction(view)
     qf = queue_factor(view)
     raw = max(cfg.kv_floor, free) * qf
     pressure = ([view.cut] if view.cut else []) + _pressure(view, free, cfg)
-    state = RS.REPLICA_STATE_DEGRADED if pressure else RS.REPLICA_STATE_READY
+    state = _DEGRADED if pressure else _READY
     if pressure:
         raw *= cfg.degraded_factor
     if math.isfinite(view.slo_factor) and 0 < view.slo_factor < 1:
@@ -162,14 +168,14 @@ def _drain_decision(view: ReplicaView) -> ReplicaDecision:
             busy.append(f"{view.router_inflight} in flight at routers")
         left = ", ".join(busy)
         if not busy and not view.drain_hold:
-            return ReplicaDecision(RS.REPLICA_STATE_DRAINED, zero, "drained: no running, waiting or in-flight requests")
+            return ReplicaDecision(_DRAINED, zero, "drained: no running, waiting or in-flight requests")
         if not busy:
             left = "idle, waiting out the grace period"
     if view.drain_expired:
         if view.drain_force:
-            return ReplicaDecision(RS.REPLICA_STATE_DRAINED, zero, f"drain forced at the deadline ({left})")
-        return ReplicaDecision(RS.REPLICA_STATE_DRAINING, zero, f"drain timed out: {left}")
-    return ReplicaDecision(RS.REPLICA_STATE_DRAINING, zero, f"draining: {left}")
+            return ReplicaDecision(_DRAINED, zero, f"drain forced at the deadline ({left})")
+        return ReplicaDecision(_DRAINING, zero, f"drain timed out: {left}")
+    return ReplicaDecision(_DRAINING, zero, f"draining: {left}")
 
 
 def quantize(weight: float, cfg: WeightPolicyConfig) -> float:
