@@ -72,11 +72,11 @@ def test_tpot_grows_with_batch_and_queued_prefill():
 
 def test_cost_counts_own_ttft_and_the_stall_on_fragile_decoders():
     alone = predict("r", load(), RATES, 8000, 0, 100, 50, 2.0, 0.1)
-    assert alone.stall_tpot_s == 0 and alone.cost == pytest.approx(alone.ttft_s / 2.0)
+    assert alone.stall_tpot_s == 0 and alone.cost == pytest.approx(alone.ttft_s / 2.0 + alone.tpot_s / 0.1)
     # Four 5-token answers decoding there: each gains 0.2 s / 4 of TPOT from this 8k prefill.
     crowd = predict("r", load(fragility=4 * (1 / 4)), RATES, 8000, 0, 100, 50, 2.0, 0.1)
     assert crowd.stall_tpot_s == pytest.approx(8000 / 40_000 * 1.0)
-    assert crowd.cost == pytest.approx(crowd.ttft_s / 2.0 + crowd.stall_tpot_s / 0.1)
+    assert crowd.cost == pytest.approx(crowd.ttft_s / 2.0 + crowd.tpot_s / 0.1 + crowd.stall_tpot_s / 0.1)
 
 
 def only(prefill: float = 0.0, base: float = 0.0, per_seq: float = 0.0) -> dict:

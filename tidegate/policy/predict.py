@@ -131,12 +131,12 @@ def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int
                   cannot hold work + output: decoders free their KV over their remaining steps
         tpot    = step_s(decoding + 1) + (work / prefill_tps) / remaining_output
         stall   = (prompt - cached) / prefill_tps * fragility
-        cost    = ttft / ttft_slo + stall / tpot_slo
+        cost    = ttft / ttft_slo + tpot / tpot_slo + stall / tpot_slo
 
     A sequence's TPOT is its decode time over its output tokens - 1, so a prefill of `s` seconds
     that shares its steps adds s / (output - 1) to it: `stall` sums that over everyone decoding
     while this request's prefill runs. `cost` is the share of the SLO budgets the placement
-    uses up: its own TTFT against the TTFT target plus the TPOT it takes from the others
+    uses up: its own TTFT and TPOT against their targets plus the TPOT it takes from the others
     against the TPOT target. The pick minimises it.
     """
     cached = max(0, min(int(cached_tokens), int(prompt_tokens) - 1))
@@ -157,6 +157,6 @@ def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int
     ttft += kv_wait
     tpot = rates.step_s(batch + 1) + prefill_s / remaining
     stall = own / rates.prefill_tps * max(0.0, load.fragility)
-    cost = ttft / ttft_slo_s + stall / tpot_slo_s
+    cost = ttft / ttft_slo_s + tpot / tpot_slo_s + stall / tpot_slo_s
     return Prediction(replica_id, cached, own, ttft, tpot, kv_wait, stall, cost, max(0.0, load.queued_prefill),
                       prefill_budget(rates, batch + 1, tpot_slo_s), rates.prefill_tps)
