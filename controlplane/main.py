@@ -269,6 +269,7 @@ class ControlPlane:
         self._tick_lock = asyncio.Lock()
         self._last_state: dict[str, int] = {}
         self._timed_out: set[str] = set()
+        self._outliers_at = float("-inf")
         self._background: set[asyncio.Task[object]] = set()
         self.address = cfg.listen
         self.leadership = Leadership(self._make_election, self._elected, self._lost)
@@ -398,7 +399,10 @@ class ControlPlane:
         self.metrics.replicas.set(len(self.fleet))
         if leader:
             self.fleet.set_slo_targets(slo_targets_ms(self.slos.all()), (self.cfg.slo_ttft_ms, self.cfg.slo_itl_ms))
-            self.fleet.evaluate_outliers()
+            # Outlier ejection keeps its period: ticks woken early by a state change only republish.
+            if time.monotonic() - self._outliers_at >= self.cfg.tick_s:
+                self._outliers_at = time.monotonic()
+                self.fleet.evaluate_outliers()
             plan = await self.term.plan()
             # One set of views per tick (building them is most of a tick's work at thousands of
             # replicas): the transitions recorded are those of the tables just computed.
