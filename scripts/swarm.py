@@ -5,8 +5,8 @@ For each N in `--agents` (a fresh etcd and control plane per N) this script
 
 1. starts an embedded etcd and `tidegate controlplane` (pinned with `taskset` to `--cp-cpu`),
    with a telemetry credentials file holding one identity, `swarm`, allowed `swarm-*`;
-2. starts `--processes` swarm workers (this file, `worker` mode, pinned to `--swarm-cpu` with
-   etcd), which open N telemetry streams between them (real gRPC, one channel per agent, as
+2. starts `--processes` swarm workers (this file, `worker` mode, pinned to `--swarm-cpu`), which
+   open N telemetry streams between them (real gRPC, one channel per agent, as
    real agents have), ramping at `--ramp-per-s` streams per second. Each agent authenticates
    with the `swarm` token, sends a Hello (endpoint http://127.0.0.1:<port>, inside the default
    allowed networks) and then one Report per `--interval-s` with EngineStats whose load
@@ -283,6 +283,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def cpu_wait_seconds(pid: int) -> float:
+    """Time the threads of `pid` spent runnable but waiting for a CPU (/proc/<pid>/task/*/schedstat):
+    how much a busy machine held the process back."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -315,6 +325,20 @@ def scrape(port: int) -> dict[str, float]:
 
 def pin(cpu: str | None) -> list[str]:
     return ["taskset", "-c", cpu] if cpu is not None and shutil.which("taskset") else []
+
+
+def niced(nice: int | None) -> list[str]:
+    """argv prefix that runs a command at niceness `nice` (absolute; `nice -n` is relative)."""
+    return [] if nice is None else ["nice", "-n", str(nice - os.nice(0))]
+
+
+def set_group_nice(pid: int, nice: int | None) -> None:
+    """With autogroup scheduling (Linux's default for desktops and many servers) each session
+    gets an equal share of a CPU whatever its processes' niceness, and every process here starts
+    its own session: the session's group is niced too, or `nice` would change nothing."""
+    if nice is not None:
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{pid}/autogroup").write_text(str(nice))
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -405,19 +429,19 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
     procs: list[asyncio.subprocess.Process] = []
     watcher: TableWatcher | None = None
     try:
-        if etcd.pid is not None and pin(args.swarm_cpu):
+        if etcd.pid is not None and pin(args.etcd_cpu):
             await (await asyncio.create_subprocess_exec(
-                "taskset", "-a", "-p", "-c", args.swarm_cpu, str(etcd.pid),
+                "taskset", "-a", "-p", "-c", args.etcd_cpu, str(etcd.pid),
                 stdout=asyncio.subprocess.DEVNULL)).wait()
         metrics_port = free_port()
         cp_log = (workdir / f"controlplane-{n}.log").open("wb")
-        nice = ["nice", "-n", str(args.cp_nice)] if args.cp_nice else []
         cp = await asyncio.create_subprocess_exec(
-            *nice, *pin(args.cp_cpu), str(Path(sys.executable).with_name("tidegate")), "controlplane",
+            *niced(args.cp_nice), *pin(args.cp_cpu), str(Path(sys.executable).with_name("tidegate")), "controlplane",
             "--etcd", etcd.endpoint, "--listen", "127.0.0.1:0", "--id", "swarm-cp",
             "--metrics-port", str(metrics_port), "--telemetry-credentials-file", str(creds), "--log-json",
             *args.cp_arg, stdout=asyncio.subprocess.PIPE, stderr=cp_log, start_new_session=True)
         procs.append(cp)
+        set_group_nice(cp.pid, args.cp_nice)
         assert cp.stdout is not None
         port = (await read_json_line(cp.stdout, "the control plane", 30))["port"]
         deadline = time.monotonic() + 30
@@ -438,11 +462,13 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
                     "interval_s": args.interval_s, "ramp_per_s": args.ramp_per_s / args.processes,
                     "markers": [i for i in markers if first <= i < last], "marker_period_s": args.marker_period_s}
             proc = await asyncio.create_subprocess_exec(
-                *pin(args.swarm_cpu), sys.executable, str(Path(__file__).resolve()), "worker", json.dumps(spec),
+                *niced(args.swarm_nice), *pin(args.swarm_cpu), sys.executable, str(Path(__file__).resolve()),
+                "worker", json.dumps(spec),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 env={**os.environ, TOKEN_ENV: token}, start_new_session=True, limit=1 << 26)
             procs.append(proc)
             workers.append(proc)
+            set_group_nice(proc.pid, args.swarm_nice)
         # Every stream acked, or give up waiting after the ramp and --ready-timeout-s: a control
         # plane that cannot take N agents is a result (streams_acked < agents), not an error.
         ready_by = time.monotonic() + n / args.ramp_per_s + args.ready_timeout_s
@@ -455,6 +481,7 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
         load_at_start = os.getloadavg()
         pids = {"controlplane": cp.pid, "etcd": etcd.pid or 0}
         cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+        wait0 = cpu_wait_seconds(cp.pid)
         swarm_cpu0 = sum(cpu_seconds(p.pid) for p in workers)
         m0 = await asyncio.to_thread(scrape, metrics_port)
         events0 = watcher.events
@@ -462,6 +489,7 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
         await asyncio.sleep(args.duration_s)
         t1 = time.monotonic()
         cpu1 = {k: cpu_seconds(p) for k, p in pids.items()}
+        wait1 = cpu_wait_seconds(cp.pid)
         swarm_cpu1 = sum(cpu_seconds(p.pid) for p in workers)
         m1 = await asyncio.to_thread(scrape, metrics_port)
         events1 = watcher.events
@@ -491,11 +519,12 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
             "agents": n, "pools": math.ceil(n / args.pool_size), "pool_size": args.pool_size,
             "window_s": round(span, 2), "load_avg_1m": round(load_at_start[0], 2),
             "pinned": bool(pin(args.cp_cpu)), "cp_cpu": args.cp_cpu, "swarm_cpu": args.swarm_cpu,
-            "cp_nice": args.cp_nice,
+            "cp_nice": args.cp_nice, "swarm_nice": args.swarm_nice, "etcd_cpu": args.etcd_cpu,
             "streams_acked": sum(s["streams_acked"] for s in summaries),
             "reports_per_s": round((m1.get("reports", 0) - m0.get("reports", 0)) / span, 1),
             "acks_per_s": round(sum(s["acks_in_window"] for s in summaries) / span, 1),
             "cp_cpu_pct": round(100 * (cpu1["controlplane"] - cpu0["controlplane"]) / span, 1),
+            "cp_wait_pct": round(100 * (wait1 - wait0) / span, 1),
             "etcd_cpu_pct": round(100 * (cpu1["etcd"] - cpu0["etcd"]) / span, 1),
             "swarm_cpu_pct": round(100 * (swarm_cpu1 - swarm_cpu0) / span, 1),
             "ticks_per_s": round(ticks / span, 2),
@@ -527,10 +556,11 @@ def render(r: dict[str, Any]) -> str:
     return (
         f"agents {r['agents']} in {r['pools']} pools of {r['pool_size']}, window {r['window_s']} s, "
         f"load average {r['load_avg_1m']}, pinned {r['pinned']} (cp cpu {r['cp_cpu']} nice {r['cp_nice']}, "
-        f"swarm+etcd cpu {r['swarm_cpu']})\n"
+        f"swarm cpu {r['swarm_cpu']}, etcd cpu {r['etcd_cpu']})\n"
         f"  streams acked {r['streams_acked']}/{r['agents']}, reports/s {r['reports_per_s']} "
         f"(acks/s {r['acks_per_s']}), reconnects {r['reconnects']}, errors {r['errors']}\n"
-        f"  CPU: control plane {r['cp_cpu_pct']}% of a core, etcd {r['etcd_cpu_pct']}%, swarm {r['swarm_cpu_pct']}%\n"
+        f"  CPU: control plane {r['cp_cpu_pct']}% of a core (runnable but waiting {r['cp_wait_pct']}%), "
+        f"etcd {r['etcd_cpu_pct']}%, swarm {r['swarm_cpu_pct']}%\n"
         f"  ticks/s {r['ticks_per_s']} (mean {r['tick_mean_ms']} ms), tables written/s {r['tables_per_s']}\n"
         f"  propagation over {r['flips']} flips ({r['flips_missed']} missed): P50 {p['p50']} ms, "
         f"P95 {p['p95']} ms, P99 {p['p99']} ms, max {p['max']} ms"
@@ -553,9 +583,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--marker-period-s", type=float, default=4.0, help="seconds between a marker agent's flips")
     ap.add_argument("--cp-cpu", default="0", help="CPU the control plane is pinned to (taskset -c); '' = none")
     ap.add_argument("--swarm-cpu", default="1",
-                    help="CPU the swarm workers and etcd are pinned to (taskset -c); '' = none")
-    ap.add_argument("--cp-nice", type=int, default=0,
-                    help="niceness of the control plane (negative, as root, to shield it from other load)")
+                    help="CPU the swarm workers are pinned to (taskset -c); '' = none")
+    ap.add_argument("--etcd-cpu", default="",
+                    help="CPU etcd is pinned to (taskset -c); '' = none (the default: in production etcd has "
+                    "machines of its own)")
+    ap.add_argument("--cp-nice", type=int, default=None,
+                    help="niceness of the control plane and of its autogroup (negative, as root, to shield it "
+                    "from other load on a shared machine; default: inherited)")
+    ap.add_argument("--swarm-nice", type=int, default=None,
+                    help="niceness of the swarm workers and of their autogroups (default: inherited)")
     ap.add_argument("--ready-timeout-s", type=float, default=60.0,
                     help="after the ramp, how long to wait for every stream's first Ack before measuring anyway")
     ap.add_argument("--cp-arg", action="append", default=[],
@@ -565,6 +601,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.cp_cpu = args.cp_cpu or None
     args.swarm_cpu = args.swarm_cpu or None
+    args.etcd_cpu = args.etcd_cpu or None
     return args
 
 
