@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tidegate.policy import faults, feedback, outliers
@@ -169,7 +169,7 @@ class FleetState:
                  feedback_policy: feedback.FeedbackConfig | None = None,
                  outlier_policy: outliers.OutlierConfig | None = None,
                  wall: Callable[[], float] = time.time,
-                 on_state_change: Callable[[], None] = lambda: None) -> None:
+                 on_state_change: Callable[[str], None] = lambda pool: None) -> None:
         self.policy = policy
         self.fault_policy = fault_policy or faults.FaultPolicyConfig()
         self.feedback_policy = feedback_policy or feedback.FeedbackConfig()
@@ -184,8 +184,8 @@ class FleetState:
         self._intents: dict[str, records_pb2.ReplicaIntent] = {}
         self._router_inflight: dict[str, int] = {}
         self._events: list[PendingEvent] = []
-        # Called when a report changes its replica's state (not its weight alone): the control
-        # plane then recomputes its tables at once instead of at the next periodic tick.
+        # Called with the pool when a report changes its replica's state (not its weight alone):
+        # the control plane then republishes that pool at once, not at the next periodic tick.
         self._on_state_change = on_state_change
 
     # ------------------------------------------------------------ ingest
@@ -235,7 +235,7 @@ class FleetState:
         decision = decide(self._view(rec, now), self.policy)
         if decision.state != rec.state:
             rec.state = decision.state
-            self._on_state_change()
+            self._on_state_change(rec.hello.pool)
         return decision
 
     def _apply_fault(self, rec: ReplicaRecord, result: faults.FaultStep) -> None:
@@ -354,9 +354,11 @@ class FleetState:
         rec = self._replicas.get(replica_id)
         return None if rec is None else self._view(rec, self._now() if now is None else now)
 
-    def views(self, now: float | None = None) -> list[ReplicaView]:
+    def views(self, now: float | None = None, pools: Collection[str] | None = None) -> list[ReplicaView]:
+        """Every replica's view, or those of `pools` only."""
         now = self._now() if now is None else now
-        return [self._view(rec, now) for _, rec in sorted(self._replicas.items())]
+        return [self._view(rec, now) for _, rec in sorted(self._replicas.items())
+                if pools is None or rec.hello.pool in pools]
 
     def pools(self) -> dict[str, str]:
         """replica id -> pool, without computing views."""

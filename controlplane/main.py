@@ -235,7 +235,7 @@ class ControlPlane:
         self.metrics = Metrics()
         self.fleet = FleetState(policy, now=time.monotonic, fault_policy=fault_policy,
                                 feedback_policy=feedback_policy, outlier_policy=outlier_policy,
-                                on_state_change=lambda: self._wake.set())
+                                on_state_change=self._state_changed)
         self.store = EtcdStore(cfg.etcd, timeout_s=cfg.etcd_timeout_s, security=cfg.etcd_security())
         self.publisher = TablePublisher(self.store, cp_id, metrics=self.metrics,
                                         on_fenced=lambda reason: self.leadership.step_down("fenced"))
@@ -270,6 +270,9 @@ class ControlPlane:
         self._last_state: dict[str, int] = {}
         self._timed_out: set[str] = set()
         self._outliers_at = float("-inf")
+        # Pools with a replica whose state changed since the last pass of _urgent_loop.
+        self._urgent: set[str] = set()
+        self._urgent_wake = asyncio.Event()
         self._background: set[asyncio.Task[object]] = set()
         self.address = cfg.listen
         self.leadership = Leadership(self._make_election, self._elected, self._lost)
@@ -399,7 +402,7 @@ class ControlPlane:
         self.metrics.replicas.set(len(self.fleet))
         if leader:
             self.fleet.set_slo_targets(slo_targets_ms(self.slos.all()), (self.cfg.slo_ttft_ms, self.cfg.slo_itl_ms))
-            # Outlier ejection keeps its period: ticks woken early by a state change only republish.
+            # Outlier ejection keeps its period when a wake (a router's report) ticks early.
             if time.monotonic() - self._outliers_at >= self.cfg.tick_s:
                 self._outliers_at = time.monotonic()
                 self.fleet.evaluate_outliers()
@@ -423,6 +426,32 @@ class ControlPlane:
         if elapsed > self.cfg.tick_s:
             log.warning("tick_slow", seconds=round(elapsed, 3), tick_s=self.cfg.tick_s)
 
+    def _state_changed(self, pool: str) -> None:
+        self._urgent.add(pool)
+        self._urgent_wake.set()
+
+    async def _urgent_loop(self) -> None:
+        """Republishes, between ticks, the pools in which a replica changed state (became
+        unhealthy, degraded, ready...): routers learn it in milliseconds rather than at the next
+        tick, and only those pools are recomputed, not the fleet. Each pass is followed by a pause
+        as long as the pass, so a flapping fleet cannot take more than about half the process."""
+        while True:
+            await self._urgent_wake.wait()
+            self._urgent_wake.clear()
+            pools, self._urgent = self._urgent, set()
+            started = time.monotonic()
+            try:
+                async with self._tick_lock:
+                    if self.leadership.is_leader:
+                        plan = await self.term.plan(pools)
+                        if plan is not None:
+                            await self.publisher.publish(plan.tables, self.leadership.fence, hold=plan.hold,
+                                                         slos=self.slos.all() if self.slos.synced else None,
+                                                         only=pools)
+            except Exception:  # the loop must survive a bug in one pass
+                log.exception("urgent_publish_failed")
+            await asyncio.sleep(time.monotonic() - started)
+
     async def _tick_loop(self) -> None:
         while True:
             # Cleared before the tick, so a change that arrives while it runs wakes the next one.
@@ -435,9 +464,9 @@ class ControlPlane:
             ended = time.monotonic()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.cfg.tick_s)
-            # A wake (a replica's state changed, an intent, a router) ticks early, but not sooner
+            # A wake (an intent, a router, a pool SLO) ticks early, but not sooner
             # than the last tick's duration after it: bursts coalesce, and ticks never take more
-            # than about half of the process however often states flap.
+            # than about half of the process however often routers report.
             rest = min(self.cfg.tick_s, ended - started) - (time.monotonic() - ended)
             if rest > 0:
                 await asyncio.sleep(rest)
@@ -481,7 +510,7 @@ class ControlPlane:
             ("routers", self.routers.run()), ("events", self.events.cache.run()), ("slos", self.slos.run()),
             ("events_trim", self.events.trim_loop()),
             ("leadership", self.leadership.run()), ("leader_watch", self.leader_watch.run()),
-            ("ticks", self._tick_loop()))]
+            ("ticks", self._tick_loop()), ("urgent", self._urgent_loop()))]
         waiter = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
         for t in done:

@@ -118,9 +118,11 @@ class TablePublisher:
     async def publish(
         self, tables: Mapping[str, Sequence[records_pb2.RouteEntry]], fence: Callable[[], Fence | None],
         *, hold: Collection[str] = (), slos: Mapping[str, records_pb2.PoolSlo] | None = NO_SLOS,
+        only: Collection[str] | None = None,
     ) -> list[str]:
         """Writes the changed pools, except those in `hold`, each fenced by `fence()` (nothing is
-        written while it is None); returns their names. Never raises StoreError."""
+        written while it is None); returns their names. With `only`, looks at those pools alone
+        (the others are left as they are, not treated as empty). Never raises StoreError."""
         written: list[str] = []
         if slos is None:  # not read yet: a table without its SLO would loosen every router's targets
             return written
@@ -129,7 +131,7 @@ class TablePublisher:
         try:
             self._known_pools.update(tables)
             changed: list[tuple[str, int, tuple[object, ...], list[records_pb2.RouteEntry], bytes]] = []
-            for pool in sorted(self._known_pools):
+            for pool in sorted(self._known_pools if only is None else self._known_pools & set(only)):
                 if pool in hold:
                     continue
                 entries = list(tables.get(pool, ()))

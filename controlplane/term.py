@@ -12,7 +12,7 @@ Holds and carry-overs are logged when they start and when they end, not on every
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -59,8 +59,9 @@ class Term:
         self._carrying.clear()
         self._warm.clear()
 
-    async def plan(self) -> Plan | None:
-        """The tables to publish this tick; None until the last tables could be read."""
+    async def plan(self, pools: Collection[str] | None = None) -> Plan | None:
+        """The tables to publish this tick (of `pools` only, when given); None until the last
+        tables could be read."""
         if not await self._publisher.sync():
             return None
         previous = self._publisher.previous()
@@ -76,13 +77,13 @@ class Term:
                     log.info("faults_restore_failed", error=str(e))
                     return None
             self._restored = True
-        views = self._fleet.views()
+        views = self._fleet.views(pools=pools)
         computed = compute_pool_tables(views, self._fleet.policy)
         heard = self._fleet.heard_since(self.started)
         age = self._now() - self.started
         tables: dict[str, Sequence[records_pb2.RouteEntry]] = {}
         hold = set()
-        for pool in sorted(set(previous) | set(computed)):
+        for pool in sorted((set(previous) | set(computed)) if pools is None else pools):
             v = continuity.check(previous.get(pool, ()), computed.get(pool, []), heard, age, self.cfg)
             self._log_changes(pool, v, age)
             if v.publish:

@@ -219,8 +219,8 @@ def test_oom_error_cuts_weight(fleet: FleetState) -> None:
 
 
 def test_state_change_hook_fires_on_state_changes_not_weight_changes(clock: FakeClock) -> None:
-    changes: list[int] = []
-    fleet = FleetState(WeightPolicyConfig(), now=clock, on_state_change=lambda: changes.append(1))
+    changes: list[str] = []
+    fleet = FleetState(WeightPolicyConfig(), now=clock, on_state_change=changes.append)
     fleet.on_hello(hello())
     fleet.on_report(hello(), report(1))                                  # JOINING -> READY
     fleet.on_report(hello(), report(2, kv_free_tokens=300))              # weight only
@@ -228,7 +228,9 @@ def test_state_change_hook_fires_on_state_changes_not_weight_changes(clock: Fake
     fleet.on_report(hello(), report(3, kv_free_tokens=10))               # KV 99 % used: DEGRADED
     assert len(changes) == 2
     fleet.on_report(hello(), report(4, kv_free_tokens=500))              # READY again
-    assert len(changes) == 3
+    assert changes == ["m", "m", "m"]
+    fleet.on_hello(hello("r2", pool="n"))
+    assert [v.replica_id for v in fleet.views(pools={"n"})] == ["r2"]
 
 
 def test_views_without_report_carry_no_engine_numbers(fleet: FleetState) -> None:

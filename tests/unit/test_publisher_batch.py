@@ -50,3 +50,16 @@ async def test_nothing_is_written_without_a_fence() -> None:
     pub = TablePublisher(store, "cp-0")
     assert await pub.publish(tables(10.0), lambda: None) == []
     assert not (await store.list_prefix(keys.TABLES)).items
+
+
+async def test_only_the_given_pools_are_looked_at() -> None:
+    store = FlakyStore()
+    await store.put("/lead", b"cp-0")
+    fence = Fence("/lead", store.create_revision("/lead"))
+    pub = TablePublisher(store, "cp-0")
+    assert await pub.publish(tables(10.0), lambda: fence) == ["a", "b", "c"]
+    # Pools missing from `tables` but outside `only` are not emptied (a partial republish).
+    assert await pub.publish({"b": tables(30.0)["b"]}, lambda: fence, only={"b"}) == ["b"]
+    assert (pub.generation("a"), pub.generation("b"), pub.generation("c")) == (1, 2, 1)
+    assert await pub.publish({}, lambda: fence, only={"c"}) == ["c"]   # inside `only`, missing = empty
+    assert pub.previous()["c"] == ()
