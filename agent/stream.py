@@ -269,7 +269,10 @@ class StreamClient:
             self._interval_changed.set()
         elif d.kind == telemetry_pb2.Directive.KIND_RECONNECT_ELSEWHERE:
             log.info("reconnect_requested", reason=d.reason, leader=d.leader_address)
-            self._ended = Ended(leader_hint=d.leader_address)
+            # A standby (or one that names the leader) is alive: if the leader it names is
+            # unusable, retry it soon. Without either, it is going away: move on.
+            self._ended = Ended(leader_hint=d.leader_address,
+                                standby=bool(d.leader_address) or "standing by" in d.reason)
             raise _Reconnect(d.reason or "control plane asked to reconnect elsewhere")
 
 

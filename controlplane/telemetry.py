@@ -121,6 +121,12 @@ class TelemetryService(telemetry_pb2_grpc.TelemetryServicer):
             await self._refuse(context, e, rid)
         leader = self._redirect()
         if leader is not None:
+            # The directive first: a refusal status alone races the agent's next write and then
+            # reaches it as INTERNAL about a third of the time (grpc.aio, measured); a message
+            # sent before the status always arrives.
+            yield telemetry_pb2.ControlMessage(directive=telemetry_pb2.Directive(
+                kind=telemetry_pb2.Directive.KIND_RECONNECT_ELSEWHERE, leader_address=leader,
+                reason=f"control plane {self._id} is standing by"))
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"control plane {self._id} is standing by; stream to the leader"
                                 + (f" at {leader}" if leader else " (not known yet)"),
