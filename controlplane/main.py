@@ -413,7 +413,8 @@ class ControlPlane:
             tables = compute_pool_tables(views, self.fleet.policy) if plan is None else plan.computed
             if plan is not None:
                 await self.publisher.publish(plan.tables, self.leadership.fence, hold=plan.hold,
-                                             slos=self.slos.all() if self.slos.synced else None)
+                                             slos=self.slos.all() if self.slos.synced else None,
+                                             computed_at=plan.at)
                 await self.term.save_faults(self.leadership.fence)
             await self._record_transitions(views)
             self.scale.compute(tables, self.fleet, self.slos.all())
@@ -441,13 +442,14 @@ class ControlPlane:
             pools, self._urgent = self._urgent, set()
             started = time.monotonic()
             try:
-                async with self._tick_lock:
-                    if self.leadership.is_leader:
-                        plan = await self.term.plan(pools)
-                        if plan is not None:
-                            await self.publisher.publish(plan.tables, self.leadership.fence, hold=plan.hold,
-                                                         slos=self.slos.all() if self.slos.synced else None,
-                                                         only=pools)
+                # Not under the tick lock: a tick of thousands of replicas would hold this back.
+                # The publisher orders the writes (a tick's older views never overwrite these).
+                if self.leadership.is_leader and self.term.ready:
+                    plan = await self.term.plan(pools)
+                    if plan is not None:
+                        await self.publisher.publish(plan.tables, self.leadership.fence, hold=plan.hold,
+                                                     slos=self.slos.all() if self.slos.synced else None,
+                                                     only=pools, computed_at=plan.at)
             except Exception:  # the loop must survive a bug in one pass
                 log.exception("urgent_publish_failed")
             await asyncio.sleep(time.monotonic() - started)

@@ -67,6 +67,8 @@ class TablePublisher:
         self._generation: dict[str, int] = {}
         self._published: dict[str, tuple[object, ...]] = {}
         self._known_pools: set[str] = set()
+        self._computed_at: dict[str, float] = {}   # pool -> when the views behind its last write were taken
+        self._lock = asyncio.Lock()   # the tick and the urgent republish of one pool may overlap
         self._synced = False
         self._failing = False
 
@@ -118,11 +120,21 @@ class TablePublisher:
     async def publish(
         self, tables: Mapping[str, Sequence[records_pb2.RouteEntry]], fence: Callable[[], Fence | None],
         *, hold: Collection[str] = (), slos: Mapping[str, records_pb2.PoolSlo] | None = NO_SLOS,
-        only: Collection[str] | None = None,
+        only: Collection[str] | None = None, computed_at: float | None = None,
     ) -> list[str]:
         """Writes the changed pools, except those in `hold`, each fenced by `fence()` (nothing is
         written while it is None); returns their names. With `only`, looks at those pools alone
-        (the others are left as they are, not treated as empty). Never raises StoreError."""
+        (the others are left as they are, not treated as empty). `computed_at` (monotonic time of
+        the views behind `tables`): a pool last written from newer views is skipped, so a slow
+        tick cannot overwrite what an urgent republish wrote meanwhile. Never raises StoreError."""
+        async with self._lock:
+            return await self._publish(tables, fence, hold, slos, only, computed_at)
+
+    async def _publish(
+        self, tables: Mapping[str, Sequence[records_pb2.RouteEntry]], fence: Callable[[], Fence | None],
+        hold: Collection[str], slos: Mapping[str, records_pb2.PoolSlo] | None, only: Collection[str] | None,
+        computed_at: float | None,
+    ) -> list[str]:
         written: list[str] = []
         if slos is None:  # not read yet: a table without its SLO would loosen every router's targets
             return written
@@ -132,7 +144,7 @@ class TablePublisher:
             self._known_pools.update(tables)
             changed: list[tuple[str, int, tuple[object, ...], list[records_pb2.RouteEntry], bytes]] = []
             for pool in sorted(self._known_pools if only is None else self._known_pools & set(only)):
-                if pool in hold:
+                if pool in hold or computed_at is not None and computed_at < self._computed_at.get(pool, computed_at):
                     continue
                 entries = list(tables.get(pool, ()))
                 slo = slos.get(pool)  # routing-relevant: a new target changes every pick
@@ -161,6 +173,8 @@ class TablePublisher:
                     self._generation[pool] = gen
                     self._published[pool] = rkey
                     self._previous[pool] = tuple(entries)
+                    if computed_at is not None:
+                        self._computed_at[pool] = computed_at
                     written.append(pool)
                     if self._metrics:
                         self._metrics.tables_published.labels(pool=pool).inc()

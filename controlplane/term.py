@@ -35,6 +35,7 @@ class Plan:
     hold: frozenset[str]          # pools not to write this tick (warming up)
     computed: dict[str, list[records_pb2.RouteEntry]]    # what the views alone say
     views: list[ReplicaView]      # the fleet's views these tables were computed from
+    at: float                     # when (monotonic) those views were taken
 
 
 class Term:
@@ -59,6 +60,11 @@ class Term:
         self._carrying.clear()
         self._warm.clear()
 
+    @property
+    def ready(self) -> bool:
+        """Whether this term restored its view (the last tables and fault states) yet."""
+        return self._restored
+
     async def plan(self, pools: Collection[str] | None = None) -> Plan | None:
         """The tables to publish this tick (of `pools` only, when given); None until the last
         tables could be read."""
@@ -77,7 +83,8 @@ class Term:
                     log.info("faults_restore_failed", error=str(e))
                     return None
             self._restored = True
-        views = self._fleet.views(pools=pools)
+        at = self._now()
+        views = self._fleet.views(at, pools=pools)
         computed = compute_pool_tables(views, self._fleet.policy)
         heard = self._fleet.heard_since(self.started)
         age = self._now() - self.started
@@ -90,7 +97,7 @@ class Term:
                 tables[pool] = list(v.entries)
             else:
                 hold.add(pool)
-        return Plan(tables, frozenset(hold), computed, views)
+        return Plan(tables, frozenset(hold), computed, views, at)
 
     async def save_faults(self, fence: Callable[[], Fence | None]) -> None:
         """Persists fault states that changed (not before this term read the old ones)."""

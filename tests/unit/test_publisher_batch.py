@@ -63,3 +63,15 @@ async def test_only_the_given_pools_are_looked_at() -> None:
     assert (pub.generation("a"), pub.generation("b"), pub.generation("c")) == (1, 2, 1)
     assert await pub.publish({}, lambda: fence, only={"c"}) == ["c"]   # inside `only`, missing = empty
     assert pub.previous()["c"] == ()
+
+
+async def test_tables_from_older_views_never_overwrite_newer_ones() -> None:
+    store = FlakyStore()
+    await store.put("/lead", b"cp-0")
+    fence = Fence("/lead", store.create_revision("/lead"))
+    pub = TablePublisher(store, "cp-0")
+    # An urgent republish of pool b from views taken at t=2 lands before a tick's tables from t=1.
+    assert await pub.publish({"b": tables(30.0)["b"]}, lambda: fence, only={"b"}, computed_at=2.0) == ["b"]
+    assert await pub.publish(tables(10.0), lambda: fence, computed_at=1.0) == ["a", "c"]
+    assert pub.previous()["b"][0].weight == 30.0
+    assert await pub.publish(tables(10.0), lambda: fence, computed_at=3.0) == ["b"]
