@@ -406,6 +406,9 @@ class ControlPlane:
             if time.monotonic() - self._outliers_at >= self.cfg.tick_s:
                 self._outliers_at = time.monotonic()
                 self.fleet.evaluate_outliers()
+                # Each step is tens of ms at thousands of replicas: let reports and an urgent
+                # republish in between, rather than holding the loop for the whole tick.
+                await asyncio.sleep(0)
             plan = await self.term.plan()
             # One set of views per tick (building them is most of a tick's work at thousands of
             # replicas): the transitions recorded are those of the tables just computed.
@@ -417,6 +420,7 @@ class ControlPlane:
                                              computed_at=plan.at)
                 await self.term.save_faults(self.leadership.fence)
             await self._record_transitions(views)
+            await asyncio.sleep(0)
             self.scale.compute(tables, self.fleet, self.slos.all())
             await self.scale.publish(lambda: self.leadership.is_leader)
             if self.cfg.admission_budgets:
