@@ -17,7 +17,13 @@ waits until it routes to every replica and for `--settle-s` so the routing
 table shows idle replicas. What does carry over is what describes the
 hardware, not the load: the control plane's fitted engine rates. The agents'
 30 s latency windows may still hold the previous run's tail; of the
-registered policies only tidegate reads them, and it runs first.
+registered policies only tidegate reads them, and it runs first. The
+control plane's latency-outlier ejection (TTFT p95 > 3x the pool median) is
+off in the demo (`--outlier-latency-factor 0`): measured at load 1.0, it
+ejected a replica that was merely the busiest for 30 s, so the other three
+took its load and every policy's TTFT collapsed; and the next run started with
+the previous run's tail in those windows and ejected another. Ejection on
+errors and GPU faults stays on.
 One router restarted, rather than one router per policy started at once,
 because live routers share the pool's admission budget.
 """
@@ -59,6 +65,10 @@ class DemoConfig(UpConfig):
     slo_ttft_ms: float = Field(2000.0, gt=0, description="TTFT SLO for the attainment figure, milliseconds.")
     slo_tpot_ms: float = Field(100.0, gt=0, description="TPOT SLO for the attainment figure, milliseconds.")
     json_path: Path | None = Field(None, description="Also write the report as JSON to this file.")
+    outlier_latency_factor: float | None = Field(
+        0.0, ge=0, description="The control plane's --outlier-latency-factor. Off (0) in the demo: near capacity "
+        "it ejects replicas that are busy, not broken, and its 30 s latency windows would carry one run's tail "
+        "into the next (see the module doc).")
     compare: str | None = Field(None, description="Replay the same trace at the same load through these policies "
                                 "too (comma-separated registered names, e.g. round_robin), one after the other on "
                                 "the same fleet after --policy (tidegate), and print them side by side.")

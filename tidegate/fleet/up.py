@@ -63,6 +63,9 @@ class UpConfig(ConfigBase, EtcdFields):
                                 "(`--gpu-source sim`), so GPU faults can be injected through POST /sim/faults.")
     policy: str = Field("tidegate", min_length=1, description="The router's routing policy, by name "
                         "(`tidegate router --policy`; the registered names are in its help).")
+    outlier_latency_factor: float | None = Field(
+        None, ge=0, description="The control planes' --outlier-latency-factor (TTFT p95 over this many times the "
+        "pool median ejects a replica; 0 = off; default: the control plane's own).")
     metrics: bool = Field(False, description="Give every control plane and agent a Prometheus /metrics port (free "
                           "ports, listed under `metrics` in the endpoints file with the router's) so a local "
                           "Prometheus can scrape the whole fleet (deploy/prometheus/alerts.yml).")
@@ -169,6 +172,10 @@ class Fleet:
             out += ["--admission-max-wait", cfg.admission_max_wait]
         return out
 
+    def _controlplane_flags(self) -> list[str]:
+        factor = self.cfg.outlier_latency_factor
+        return [] if factor is None else ["--outlier-latency-factor", f"{factor:g}"]
+
     def _common(self) -> list[str]:
         lvl = self.cfg.log_level
         return ["--log-level", lvl, "--log-json"]
@@ -206,7 +213,8 @@ class Fleet:
         for i in range(cfg.controlplanes):
             cps.append(self._child(
                 f"controlplane-{i}", "controlplane", *etcd_access, "--listen", "127.0.0.1:0",
-                "--id", f"cp-{i}", *auth, *metrics_port(f"controlplane-{i}"), *self._common()))
+                "--id", f"cp-{i}", *auth, *metrics_port(f"controlplane-{i}"), *self._controlplane_flags(),
+                *self._common()))
         cp_addrs = [f"127.0.0.1:{c.wait_port()}" for c in cps]
 
         sims = []
