@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The README's demo command: create .venv, install Tidegate, run the demo fleet.
+# The README's demo command: create .venv, install Tidegate, run the demo fleet
+# (`bash scripts/demo.sh --compare round_robin --duration 30 --load 1.0`: Tidegate next to round-robin).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
