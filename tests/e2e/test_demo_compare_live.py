@@ -20,7 +20,8 @@ def test_compare_two_policies_side_by_side(tmp_path: Path) -> None:
     out_json, plot_dir = tmp_path / "out.json", tmp_path / "plot"
     proc = subprocess.Popen(
         [sys.executable, "-m", "tidegate.cli.main", "demo", "--replicas", "2", "--duration", "4", "--load", "0.5",
-         "--compare", "round_robin", "--settle-s", "0.5", "--plot", str(plot_dir), "--json", str(out_json),
+         "--compare", "round_robin", "--settle-s", "0.5", "--class-mix", "critical=0.5,sheddable=0.5",
+         "--plot", str(plot_dir), "--json", str(out_json),
          "--endpoints-file", str(tmp_path / "endpoints.json"), "--run-dir", str(tmp_path / "run"),
          "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -47,7 +48,11 @@ def test_compare_two_policies_side_by_side(tmp_path: Path) -> None:
         assert r["rejected"] == {} and r["unavailable"] == 0 and r["errors"] == {}
         # Per-run replica counters: each run's own requests, not the fleet's since it started.
         assert sum(x["requests"] for x in r["replicas"]) == r["completed"]
+        assert set(r["classes"]) == {"critical", "sheddable"}
+        assert sum(c["sent"] for c in r["classes"].values()) == r["sent"]
     assert runs[0]["sent"] == runs[1]["sent"], "both policies get the same requests"
+    assert runs[0]["classes"]["critical"]["sent"] == runs[1]["classes"]["critical"]["sent"]
+    assert any(line.startswith("  attainment critical") for line in out.splitlines()), out
     assert rep["policy"] == "tidegate"  # the top level stays the first run's report
 
     chart = Path(rep["plot"])

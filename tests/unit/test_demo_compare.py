@@ -10,7 +10,7 @@ import pytest
 from tidegate.cli.main import build_parser, main
 from tidegate.config import ConfigError, load
 from tidegate.fleet import report, ttft_chart
-from tidegate.fleet.demo import DemoConfig
+from tidegate.fleet.demo import DemoConfig, draw_classes
 from tidegate.fleet.report import RequestResult
 
 
@@ -48,13 +48,33 @@ def test_bad_compare_exits_2_before_starting_anything(capsys: pytest.CaptureFixt
     assert "unknown policy 'bogus'" in capsys.readouterr().err
 
 
-def _ok(ttft_s: float, tpot_s: float = 0.02, sent_s: float = 0.0) -> RequestResult:
-    return RequestResult(ok=True, ttft_s=ttft_s, tpot_s=tpot_s, output_tokens=10, status=200, sent_s=sent_s)
+def test_class_mix_is_validated_and_drawn_the_same_for_every_run() -> None:
+    assert _cfg("--class-mix", "critical=1,standard=3").class_mix == "critical=1,standard=3"
+    with pytest.raises(ConfigError, match="class_mix"):
+        _cfg("--class-mix", "vip=1")
+    a, b = draw_classes("critical=1,standard=3", 400), draw_classes("critical=1,standard=3", 400)
+    assert a == b and a is not None and set(a) == {"critical", "standard"}
+    assert 50 < a.count("critical") < 150
+    assert draw_classes(None, 10) is None
 
 
-def _refused(status: int, reason: str = "", error: str = "") -> RequestResult:
+def test_build_reports_attainment_per_class() -> None:
+    rep = _rep("tidegate", [_ok(0.1, klass="critical"), _ok(5.0, klass="critical"),
+                            _ok(0.1, klass="sheddable"), _refused(429, "shed", klass="sheddable"),
+                            _refused(429, "shed", klass="sheddable")])
+    assert rep["classes"] == {"critical": {"sent": 2, "in_slo": 1, "slo_attainment": 0.5},
+                              "sheddable": {"sent": 3, "in_slo": 1, "slo_attainment": 0.3333}}
+    assert "classes" not in _rep("tidegate", [_ok(0.1)])
+
+
+def _ok(ttft_s: float, tpot_s: float = 0.02, sent_s: float = 0.0, klass: str = "") -> RequestResult:
+    return RequestResult(ok=True, ttft_s=ttft_s, tpot_s=tpot_s, output_tokens=10, status=200, sent_s=sent_s,
+                         klass=klass)
+
+
+def _refused(status: int, reason: str = "", error: str = "", klass: str = "") -> RequestResult:
     return RequestResult(ok=False, ttft_s=None, tpot_s=None, output_tokens=0, status=status, reason=reason,
-                         error=error or f"http {status}")
+                         error=error or f"http {status}", klass=klass)
 
 
 def _rep(policy: str, results: list[RequestResult]) -> dict:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ import structlog
 from pydantic import Field, field_validator
 
 from agent.normalize import TelemetryParseError, parse_metrics
+from fleetsim.workload import parse_class_mix  # the simulator's --class-mix, so both read one syntax
 from simulator.profiles import ProfileError, get_profile
 from tidegate import logs
 from tidegate.config import ConfigError, add_flags, load
@@ -69,6 +71,9 @@ class DemoConfig(UpConfig):
         0.0, ge=0, description="The control plane's --outlier-latency-factor. Off (0) in the demo: near capacity "
         "it ejects replicas that are busy, not broken, and its 30 s latency windows would carry one run's tail "
         "into the next (see the module doc).")
+    class_mix: str | None = Field(None, description="Give requests priority classes (seeded, the same in every "
+                                  "run), e.g. critical=0.2,standard=0.5,sheddable=0.3; sent as x-tidegate-priority "
+                                  "(the router trusts it) and reported per class.")
     compare: str | None = Field(None, description="Replay the same trace at the same load through these policies "
                                 "too (comma-separated registered names, e.g. round_robin), one after the other on "
                                 "the same fleet after --policy (tidegate), and print them side by side.")
@@ -77,6 +82,13 @@ class DemoConfig(UpConfig):
     settle_s: float = Field(3.0, ge=0, description="With --compare: pause, seconds, between runs once the engines "
                                                    "are idle and the next router routes, so tables show idle "
                                                    "replicas.")
+
+    @field_validator("class_mix")
+    @classmethod
+    def _class_mix(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_class_mix(v)
+        return v
 
     @field_validator("compare")
     @classmethod
@@ -189,6 +201,14 @@ class ReplicaWatcher:
         return rows
 
 
+def draw_classes(mix_text: str | None, n: int, seed: int = 0) -> list[str] | None:
+    """Request i's class, drawn from the mix with a fixed seed: every policy gets the same ones."""
+    if mix_text is None:
+        return None
+    mix = parse_class_mix(mix_text)
+    return random.Random(f"demo-classes/{seed}").choices(list(mix), list(mix.values()), k=n)
+
+
 async def _replay(cfg: DemoConfig, info: dict[str, Any], trace: list[traces.TraceRequest],
                   time_scale: float) -> tuple[list[report.RequestResult], int, float, list[dict[str, Any]]]:
     watcher = ReplicaWatcher(info["replicas"], cfg.model)
@@ -200,7 +220,8 @@ async def _replay(cfg: DemoConfig, info: dict[str, Any], trace: list[traces.Trac
     try:
         results, sent = await loadgen.replay(info["router_url"], cfg.model, trace, time_scale=time_scale,
                                              duration_s=cfg.duration,
-                                             on_tick=loadgen.progress_printer(cfg.duration))
+                                             on_tick=loadgen.progress_printer(cfg.duration),
+                                             classes=draw_classes(cfg.class_mix, len(trace)))
     finally:
         elapsed = loop.time() - t0
         stop.set()
@@ -253,6 +274,8 @@ def run(args: argparse.Namespace) -> int:
 
     path = cfg.endpoints_file or endpoints_file.default_path()
     policies = cfg.policies()
+    if cfg.class_mix is not None:
+        cfg = cfg.model_copy(update={"trust_priority_header": True})  # else the router reads every one as standard
     install_stop_signals()
     fleet = Fleet(cfg)
     runs: list[tuple[dict[str, Any], list[report.RequestResult]]] = []

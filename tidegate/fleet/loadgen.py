@@ -21,6 +21,7 @@ from tidegate.fleet.traces import TraceRequest
 
 # Why the router refused a request (429): admission's reasons, budget_exhausted.
 REJECT_REASON_HEADER = "x-tidegate-reject-reason"
+PRIORITY_HEADER = "x-tidegate-priority"
 # One "token" of filler text; the simulator's documented rule counts it as one token.
 _WORD = "tok "
 
@@ -42,7 +43,7 @@ class Progress:
 
 
 async def _one(session: aiohttp.ClientSession, url: str, model: str, req: TraceRequest,
-               progress: Progress, timeout_s: float, sent_s: float = 0.0) -> RequestResult:
+               progress: Progress, timeout_s: float, sent_s: float = 0.0, klass: str = "") -> RequestResult:
     body = {
         "model": model,
         "prompt": make_prompt(req.prompt_tokens),
@@ -55,11 +56,11 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, req: TraceR
     last: float | None = None
     tokens = 0
     try:
-        async with session.post(url + "/v1/completions", json=body,
+        async with session.post(url + "/v1/completions", json=body, headers={PRIORITY_HEADER: klass} if klass else None,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 await resp.read()
-                return _fail(progress, f"http {resp.status}", resp.status, sent_s,
+                return _fail(progress, f"http {resp.status}", resp.status, sent_s, klass,
                              resp.headers.get(REJECT_REASON_HEADER, ""))
             buf = b""
             async for chunk in resp.content.iter_any():
@@ -74,7 +75,7 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, req: TraceR
                         continue
                     msg = json.loads(data)
                     if "error" in msg:
-                        return _fail(progress, "stream error", 200, sent_s)
+                        return _fail(progress, "stream error", 200, sent_s, klass)
                     for choice in msg.get("choices", []):
                         if choice.get("text"):
                             now = time.perf_counter()
@@ -82,25 +83,29 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, req: TraceR
                             last = now
                             tokens += 1
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-        return _fail(progress, type(exc).__name__, 0, sent_s)
+        return _fail(progress, type(exc).__name__, 0, sent_s, klass)
     if first is None or tokens < req.output_tokens:
-        return _fail(progress, "short stream", 200, sent_s)
+        return _fail(progress, "short stream", 200, sent_s, klass)
     progress.completed += 1
     tpot = (last - first) / (tokens - 1) if last is not None and tokens > 1 else None
-    return RequestResult(ok=True, ttft_s=first - t0, tpot_s=tpot, output_tokens=tokens, status=200, sent_s=sent_s)
+    return RequestResult(ok=True, ttft_s=first - t0, tpot_s=tpot, output_tokens=tokens, status=200, sent_s=sent_s,
+                         klass=klass)
 
 
-def _fail(progress: Progress, error: str, status: int, sent_s: float, reason: str = "") -> RequestResult:
+def _fail(progress: Progress, error: str, status: int, sent_s: float, klass: str,
+          reason: str = "") -> RequestResult:
     progress.failed += 1
     return RequestResult(ok=False, ttft_s=None, tpot_s=None, output_tokens=0, error=error, status=status,
-                         sent_s=sent_s, reason=reason)
+                         sent_s=sent_s, reason=reason, klass=klass)
 
 
 async def replay(url: str, model: str, trace: Sequence[TraceRequest], *, time_scale: float,
                  duration_s: float, request_timeout_s: float = 300.0,
-                 on_tick: Callable[[Progress, float], None] | None = None) -> tuple[list[RequestResult], int]:
+                 on_tick: Callable[[Progress, float], None] | None = None,
+                 classes: Sequence[str] | None = None) -> tuple[list[RequestResult], int]:
     """Send `trace` with arrivals divided by `time_scale`, stopping new sends after
-    `duration_s`, then wait for what is in flight. Returns results and the count sent."""
+    `duration_s`, then wait for what is in flight. Returns results and the count sent.
+    `classes[i]`, when given, is request i's priority class (sent as x-tidegate-priority)."""
     progress = Progress()
     tasks: list[asyncio.Task[RequestResult]] = []
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -115,7 +120,7 @@ async def replay(url: str, model: str, trace: Sequence[TraceRequest], *, time_sc
 
         tick = asyncio.create_task(ticker())
         try:
-            for req in trace:
+            for i, req in enumerate(trace):
                 at = req.arrival_s / time_scale
                 if at > duration_s:
                     break
@@ -124,7 +129,8 @@ async def replay(url: str, model: str, trace: Sequence[TraceRequest], *, time_sc
                     await asyncio.sleep(delay)
                 progress.sent += 1
                 tasks.append(asyncio.create_task(_one(session, url, model, req, progress, request_timeout_s,
-                                                      time.perf_counter() - start)))
+                                                      time.perf_counter() - start,
+                                                      classes[i] if classes is not None else "")))
             results = list(await asyncio.gather(*tasks))
         finally:
             tick.cancel()

@@ -18,6 +18,7 @@ class RequestResult:
     status: int = 0
     sent_s: float = 0.0           # when it was sent, seconds from the replay's start
     reason: str = ""              # a 429's x-tidegate-reject-reason
+    klass: str = ""               # its priority class, when the demo gave it one
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -48,6 +49,11 @@ def build(results: Sequence[RequestResult], *, sent: int, duration_s: float, slo
     met = [r for r in done
            if r.ttft_s is not None and r.ttft_s * 1000 <= slo_ttft_ms
            and (r.tpot_s is None or r.tpot_s * 1000 <= slo_tpot_ms)]
+    classes: dict[str, dict[str, Any]] = {}
+    for name in sorted({r.klass for r in results if r.klass}):
+        sent_c = sum(1 for r in results if r.klass == name)
+        met_c = sum(1 for r in met if r.klass == name)
+        classes[name] = {"sent": sent_c, "in_slo": met_c, "slo_attainment": round(met_c / sent_c, 4)}
     errors: dict[str, int] = {}
     rejected: dict[str, int] = {}
     unavailable = 0
@@ -79,6 +85,7 @@ def build(results: Sequence[RequestResult], *, sent: int, duration_s: float, slo
         "slo": {"ttft_ms": slo_ttft_ms, "tpot_ms": slo_tpot_ms},
         "slo_attainment": round(len(met) / len(results), 4) if results else 0.0,
         "replicas": replicas,
+        **({"classes": classes} if classes else {}),
     }
 
 
