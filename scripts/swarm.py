@@ -623,6 +623,10 @@ async def amain(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str]) -> int:
+    import structlog
+
+    # Library logs (etcd start/stop, the watch) go to stderr: stdout carries the figures.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     if argv[:1] == ["worker"]:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(worker_main(json.loads(argv[1])))
