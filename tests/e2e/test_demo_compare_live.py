@@ -20,7 +20,7 @@ def test_compare_two_policies_side_by_side(tmp_path: Path) -> None:
     out_json, plot_dir = tmp_path / "out.json", tmp_path / "plot"
     proc = subprocess.Popen(
         [sys.executable, "-m", "tidegate.cli.main", "demo", "--replicas", "2", "--duration", "4", "--load", "0.5",
-         "--compare", "round_robin", "--settle-s", "0.5", "--class-mix", "critical=0.5,sheddable=0.5",
+         "--compare", "round_robin", "--settle-s", "0.5", "--class-mix", "critical=0.5,sheddable=0.5", "--pool-slo",
          "--plot", str(plot_dir), "--json", str(out_json),
          "--endpoints-file", str(tmp_path / "endpoints.json"), "--run-dir", str(tmp_path / "run"),
          "--log-level", "warning"],

@@ -29,9 +29,11 @@ def test_compare_policies_in_order(argv: tuple[str, ...], expected: list[str]) -
     assert _cfg(*argv).policies() == expected
 
 
-def test_plot_and_settle_flags() -> None:
-    cfg = _cfg("--compare", "random", "--plot", "charts", "--settle-s", "0")
-    assert cfg.plot == Path("charts") and cfg.settle_s == 0
+def test_plot_settle_and_pool_slo_flags() -> None:
+    cfg = _cfg("--compare", "random", "--plot", "charts", "--settle-s", "0", "--pool-slo")
+    assert cfg.plot == Path("charts") and cfg.settle_s == 0 and cfg.pool_slo
+    assert not _cfg().pool_slo
+    assert _cfg().outlier_latency_factor == 0  # off in the demo (tidegate/fleet/demo.py says why)
 
 
 @pytest.mark.parametrize("value", ["bogus", "round_robin,nope", ","])

@@ -34,8 +34,10 @@ import argparse
 import asyncio
 import json
 import random
+import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,7 @@ from tidegate import logs
 from tidegate.config import ConfigError, add_flags, load
 from tidegate.fleet import capacity, loadgen, report, traces, ttft_chart
 from tidegate.fleet import endpoints as endpoints_file
-from tidegate.fleet.procs import ChildStartError
+from tidegate.fleet.procs import ChildStartError, tidegate_argv
 from tidegate.fleet.up import Fleet, UpConfig, _Stop, install_stop_signals
 from tidegate.policy import registry
 
@@ -71,6 +73,9 @@ class DemoConfig(UpConfig):
         0.0, ge=0, description="The control plane's --outlier-latency-factor. Off (0) in the demo: near capacity "
         "it ejects replicas that are busy, not broken, and its 30 s latency windows would carry one run's tail "
         "into the next (see the module doc).")
+    pool_slo: bool = Field(False, description="Before replaying, set the pool's SLO to --slo-ttft-ms/--slo-tpot-ms "
+                           "(`tidegate pool set-slo`, as an operator would), so the router's admission "
+                           "(--admission) has deadlines to hold and reject by.")
     class_mix: str | None = Field(None, description="Give requests priority classes (seeded, the same in every "
                                   "run), e.g. critical=0.2,standard=0.5,sheddable=0.3; sent as x-tidegate-priority "
                                   "(the router trusts it) and reported per class.")
@@ -231,6 +236,22 @@ async def _replay(cfg: DemoConfig, info: dict[str, Any], trace: list[traces.Trac
     return results, sent, elapsed, watcher.rows()
 
 
+def set_pool_slo(cfg: DemoConfig, endpoints: Path, router_url: str, timeout_s: float = 30.0) -> None:
+    """`tidegate pool set-slo` through the admin API, then wait until the router's table carries it."""
+    argv = tidegate_argv("pool", "set-slo", cfg.model, "--ttft", f"{cfg.slo_ttft_ms:g}ms", "--tpot",
+                         f"{cfg.slo_tpot_ms:g}ms", "--endpoints-file", str(endpoints))
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        raise ChildStartError(f"tidegate pool set-slo failed: {done.stderr.strip() or done.stdout.strip()}")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(router_url + "/health", timeout=2) as resp:
+            if json.loads(resp.read()).get("pools", {}).get(cfg.model, {}).get("slo"):
+                return
+        time.sleep(0.2)
+    raise ChildStartError(f"the router did not get the pool's SLO within {timeout_s:.0f}s")
+
+
 async def wait_idle(replicas: list[dict[str, Any]], model: str, timeout_s: float = 60.0) -> bool:
     """Until no engine runs or queues anything (an aborted request may outlive its client briefly)."""
     watcher = ReplicaWatcher(replicas, model)
@@ -283,6 +304,8 @@ def run(args: argparse.Namespace) -> int:
         info = fleet.start()
         endpoints_file.write(path, info)
         print(f"fleet ready: router {info['router_url']}, {cfg.replicas} simulated replicas", flush=True)
+        if cfg.pool_slo:
+            set_pool_slo(cfg, path, info["router_url"])
         for i, policy in enumerate(policies):
             if i > 0:
                 if not asyncio.run(wait_idle(info["replicas"], cfg.model)):
