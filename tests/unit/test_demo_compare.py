@@ -120,6 +120,12 @@ def test_render_compare_puts_policies_side_by_side() -> None:
     assert cells("preemptions") == ["2", "2"]
 
 
+def test_single_run_report_names_its_policy_and_refusals() -> None:
+    text = report.render(_rep("least_kv", [_ok(0.1), _refused(429, "shed"), _refused(503)]))
+    assert "policy         least_kv" in text
+    assert "rejected       429 shed: 1, 503: 1" in text
+
+
 def test_render_compare_shows_per_class_attainment_when_runs_have_classes() -> None:
     a = {**_rep("tidegate", [_ok(0.1)]), "classes": {"critical": {"slo_attainment": 1.0}}}
     b = {**_rep("round_robin", [_ok(0.1)]), "classes": {"critical": {"slo_attainment": 0.5}}}

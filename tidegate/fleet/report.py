@@ -94,6 +94,7 @@ def render(rep: dict[str, Any]) -> str:
         "",
         "Tidegate demo report",
         "====================",
+        f"policy         {rep.get('policy', '-')}",
         f"offered load   {rep['offered_rps']} req/s  ({rep['rate_basis']})",
         f"requests       sent {rep['sent']}  completed {rep['completed']}  failed {rep['failed']}"
         f"  in {rep['duration_s']} s",
