@@ -111,6 +111,9 @@ class SimulateConfig(ConfigBase):
     router_spread: str = Field("rr", description="How requests reach the routers: rr (round-robin, like an L4 "
                                                  "balancer) or hash (by session key: the first prefix hash).")
     max_requests: int | None = Field(None, ge=1, description="Replay only the first M requests of the trace.")
+    hide_max_tokens: bool = Field(False, description="Send requests without max_tokens (the replay otherwise sets "
+                                                     "it to the true output length, which flatters policies that "
+                                                     "read it).")
     find_capacity: bool = Field(False, description="Per policy and router count, search the highest offered rate "
                                                    "meeting --attainment (adds 'capacity' to the JSON).")
     attainment: float = Field(0.95, gt=0, le=1, description="Target SLO attainment of --find-capacity.")
@@ -290,7 +293,8 @@ def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
                      propagation_s=cfg.propagation_ms / 1000.0, hop_s=cfg.hop_ms / 1000.0,
                      record_samples=cfg.plot is not None,
                      scrape_interval_s=None if cfg.scrape_ms is None else cfg.scrape_ms / 1000.0,
-                     routers=routers, router_spread=cfg.router_spread, admission=admission)
+                     routers=routers, router_spread=cfg.router_spread, admission=admission,
+                     hide_max_tokens=cfg.hide_max_tokens)
 
 
 def simulate_once(profiles: Sequence[Profile], policy: str, reqs: Sequence[workload.SimRequest], sim_cfg: SimConfig,
@@ -320,7 +324,7 @@ def _search(args: tuple) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     The first count brackets from load 1.0 by factors of 1.3; each later count starts at the
     previous count's capacity with factors of 1.08 (router counts move capacity by a few percent,
     so this saves about two runs per search; a larger move only costs more bracketing steps)."""
-    profiles, policy, base, cap, sim_cfgs, seed, slo, target = args
+    profiles, policy, base, cap, sim_cfgs, seed, slo, target, progress = args
     native = workload.native_rate(base)
     judged = sum(1 for r in base if servable(profiles, r.prompt_tokens, r.output_tokens))
 
@@ -346,6 +350,9 @@ def _search(args: tuple) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
                "slo_capacity_rps": round(found.load * cap, 3), "load": round(found.load, 4),
                "attainment": round(found.attainment, 4), "runs": len(found.probes), "capped": found.capped}
         out.append((row, runs))
+        if progress is not None:  # long benchmarks: what is done survives an interrupted run
+            with open(progress, "a") as f:
+                f.write(json.dumps(row) + "\n")
         if found.load > saturation.SEARCH_LO_LIMIT and not found.capped:
             start, grow = found.load, 1.08
     return out
@@ -416,7 +423,8 @@ def find_capacity(cfg: SimulateConfig, profiles: list[Profile], policies: list[s
             raise ValueError(f"fewer than 2 requests arrive within --duration {cfg.duration} s at load 1.0")
     slo = _slos(cfg)
     sim_cfgs = [_sim_config(cfg, n) for n in cfg.routers]
-    tasks = [(profiles, name, base, cap, sim_cfgs, seed, slo, cfg.attainment)
+    progress = None if cfg.json_path is None else str(cfg.json_path) + ".progress.jsonl"
+    tasks = [(profiles, name, base, cap, sim_cfgs, seed, slo, cfg.attainment, progress)
              for name in policies for seed in _seeds(cfg)]
     found = [x for per_task in _pool_map(_search, tasks, cfg.jobs) for x in per_task]
     runs = [r for _, rs in found for r in rs]

@@ -9,7 +9,8 @@
 # requests meet both SLOs (tidegate simulate --find-capacity); JOBS (default 2) searches run in
 # parallel. CONV_MAX / CODE_MAX / MOON_MAX (default: the whole trace) replay only the first N
 # requests of each trace; TRACES (default "azure_conv azure_code mooncake") picks the traces.
-# Writes OUT_DIR/<trace>.json, .txt, and OUT_DIR/tables.md (markdown).
+# Writes OUT_DIR/<trace>.json, .txt, and OUT_DIR/tables.md (markdown); each finished capacity
+# search is also appended to OUT_DIR/<trace>.json.progress.jsonl as it completes.
 # LOADS=0.5,0.7,0.9,1.1 instead runs that load sweep (the older tables of the doc).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
