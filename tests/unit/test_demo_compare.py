@@ -152,3 +152,15 @@ def test_write_chart_creates_the_file(tmp_path: Path) -> None:
     path = ttft_chart.write(tmp_path / "out", {"tidegate": [(0.0, 50.0)], "round_robin": []}, 2000.0, "TTFT")
     assert path.parent == tmp_path / "out" and path.stat().st_size > 0
     assert path.suffix in {".png", ".html"}
+
+
+def test_up_passes_policy_and_outlier_factor_through(tmp_path: Path) -> None:
+    from tidegate.fleet.up import Fleet, UpConfig
+
+    fleet = Fleet(UpConfig(run_dir=tmp_path, policy="round_robin", outlier_latency_factor=0))
+    flags = fleet._router_flags()
+    assert flags[flags.index("--policy") + 1] == "round_robin"
+    assert fleet._controlplane_flags() == ["--outlier-latency-factor", "0"]
+    assert Fleet(UpConfig(run_dir=tmp_path / "b"))._controlplane_flags() == []
+    with pytest.raises(ValueError, match="valid policies"):
+        UpConfig(policy="nope")
