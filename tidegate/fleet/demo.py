@@ -245,9 +245,12 @@ def set_pool_slo(cfg: DemoConfig, endpoints: Path, router_url: str, timeout_s: f
         raise ChildStartError(f"tidegate pool set-slo failed: {done.stderr.strip() or done.stdout.strip()}")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with urllib.request.urlopen(router_url + "/health", timeout=2) as resp:
-            if json.loads(resp.read()).get("pools", {}).get(cfg.model, {}).get("slo"):
-                return
+        try:
+            with urllib.request.urlopen(router_url + "/health", timeout=2) as resp:
+                if json.loads(resp.read()).get("pools", {}).get(cfg.model, {}).get("slo"):
+                    return
+        except (OSError, ValueError):  # URLError is an OSError; a busy router answers next time
+            pass
         time.sleep(0.2)
     raise ChildStartError(f"the router did not get the pool's SLO within {timeout_s:.0f}s")
 
