@@ -77,3 +77,16 @@ async def test_after_the_warm_up_an_unheard_replica_is_carried_then_stale() -> N
     assert table is not None
     r2 = next(r for r in table.replicas if r.replica_id == "r2")
     assert r2.weight == 0 and r2.state == RS.REPLICA_STATE_STALE
+
+
+async def test_a_plan_for_some_pools_computes_only_those() -> None:
+    store, clock, fleet, publisher, term = await _setup()
+    assert not term.ready
+    for rid in ("r1", "r2"):
+        fleet.on_report(hello(rid), report())
+    fleet.on_report(hello("x1", pool="other"), report())
+    plan = await term.plan({"other"})
+    assert plan is not None and term.ready
+    assert set(plan.tables) == {"other"} and [v.replica_id for v in plan.views] == ["x1"]
+    full = await term.plan()
+    assert full is not None and set(full.tables) == {"m", "other"} and full.at >= plan.at
