@@ -75,7 +75,8 @@ CASES = [
     ("least_kv", (e("a", free=500), e("b", free=500)), {"a": 2}, None, req(), "b"),
     ("llmd", (e("a", waiting=9), e("b", waiting=0), e("c", waiting=3)), {}, None, req(), "b"),
     ("llmd", (e("a", free=200), e("b", free=900)), {}, None, req(), "b"),
-    ("clairvoyant", (e("a"), e("b")), {}, {"a": LiveLoad(30, 0, 1000, 1000), "b": LiveLoad(2, 0, 1000, 1000)}, req(), "b"),
+    ("clairvoyant", (e("a"), e("b")), {},
+     {"a": LiveLoad(30, 0, 1000, 1000), "b": LiveLoad(2, 0, 1000, 1000)}, req(), "b"),
     ("tidegate", (e("a", 0), e("b", 10)), {}, None, req(), "b"),
     ("sglang_cache_aware", (e("a"), e("b")), {"a": 100, "b": 10}, None, req(), "b"),  # imbalanced -> shortest
 ]
