@@ -112,8 +112,12 @@ class ControlPlaneConfig(config.ConfigBase, config.EtcdFields):
                                                "may put on a replica's weight.")
     outlier_consecutive_errors: int = Field(5, ge=0, description="Consecutive upstream errors (as routers report "
                                             "them) that eject a replica as an outlier (0 = off).")
-    outlier_latency_factor: float = Field(3.0, ge=0, description="A replica whose TTFT p95 exceeds this many "
-                                          "times the pool median is ejected as an outlier (0 = off; else > 1).")
+    # Off by default: TTFT grows with the share of traffic a replica takes, so near capacity the
+    # busiest healthy replica looks like an outlier (measured in `tidegate demo` at load 1.0: a
+    # factor of 3 ejected it and overloaded the rest). Error streaks and faults still eject.
+    outlier_latency_factor: float = Field(0.0, ge=0, description="A replica whose TTFT p95 exceeds this many "
+                                          "times the pool median is ejected as an outlier (0 = off, the "
+                                          "default; else > 1, e.g. 5 for fleets of identical GPUs).")
     outlier_max_ejection_percent: float = Field(50.0, ge=0, le=100, description="At most this percent of a "
                                                 "pool's replicas are outlier-ejected at once.")
     outlier_panic_threshold_percent: float = Field(50.0, ge=0, le=100, description="Below this percent of "
