@@ -151,6 +151,10 @@ def test_find_capacity_json(tmp_path):
         assert r["load"] == pytest.approx(r["slo_capacity_rps"] / doc["capacity_estimate"]["fleet_rps"], abs=1e-3)
     # Every run of the searches is in "runs", with the same 120 requests at each rate.
     assert doc["runs"] and all(r["requests"] == 120 for r in doc["runs"])
+    # Each finished search was also appended as it completed (per seed, before aggregation).
+    progress = [json.loads(line) for line in (tmp_path / "cap.json.progress.jsonl").read_text().splitlines()]
+    assert sorted((r["policy"], r["seed"]) for r in progress) == [("least_request", 0), ("least_request", 1),
+                                                                  ("round_robin", 0), ("round_robin", 1)]
     assert _run("--requests", "5", "--find-capacity", "--load", "0.5").returncode == 2
 
 
