@@ -92,6 +92,9 @@ class SimConfig:
     scrape_interval_s: float | None = None
     routers: int = 1
     router_spread: str = "rr"           # rr | hash (see the module doc)
+    # Requests carry no max_tokens (as from clients that set no cap): the replay's max_tokens is
+    # otherwise the true output length, which no real client knows in advance.
+    hide_max_tokens: bool = False
     # Stop as soon as more than `stop_after_misses` requests are known to miss the SLOs
     # (stop_slo = (ttft_s, tpot_s)): the SLO-capacity search only needs to know that a rate fails.
     stop_after_misses: int | None = None
@@ -402,7 +405,8 @@ class Simulation:
             rec.preemptions += 1
 
     def _arrive(self, req: SimRequest) -> None:
-        features = RequestFeatures(prompt_tokens=req.prompt_tokens, max_tokens=req.output_tokens,
+        features = RequestFeatures(prompt_tokens=req.prompt_tokens,
+                                   max_tokens=None if self.cfg.hide_max_tokens else req.output_tokens,
                                    prefix_hashes=req.prefix_hashes, priority=req.priority, req_id=req.req_id,
                                    true_output_tokens=req.output_tokens)
         rec = RequestRecord(req)

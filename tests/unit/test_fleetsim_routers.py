@@ -24,9 +24,11 @@ class FakeFirstPick:
         self.scrape_interval_s = scrape_interval_s
         self.seen: list[tuple[str, dict[str, int]]] = []
         self.entries: list[tuple] = []
+        self.max_tokens: list[int | None] = []
 
     def pick(self, snapshot, request, rng):
         self.seen.append((request.req_id, dict(snapshot.inflight)))
+        self.max_tokens.append(request.max_tokens)
         self.entries.append(snapshot.entries)
         cands = snapshot.candidates()
         return registry.make_pick(cands[0], "first", 0.0, len(cands)) if cands else None
@@ -89,6 +91,15 @@ def test_round_robin_spread_gives_each_router_its_share_and_its_own_inflight():
         for n, (_, inflight) in enumerate(p.seen):
             assert sum(inflight.values()) <= n
         assert set(sim.routers[k].inflight.values()) == {0}
+
+
+@pytest.mark.parametrize(("hide", "want"), [(False, 20), (True, None)])
+def test_hide_max_tokens_sends_requests_without_the_true_output_length(hide, want):
+    pol = FakeFirstPick()
+    res = Simulation([H100], [pol], reqs_with_sessions(8), SimConfig(hide_max_tokens=hide)).run()
+    assert pol.max_tokens == [want] * 8
+    # The replica still generates the trace's output length: only what the router sees changes.
+    assert all(r.finish_s is not None for r in res.records)
 
 
 def test_hash_spread_keeps_a_session_on_one_router():
