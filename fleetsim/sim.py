@@ -62,7 +62,16 @@ from simulator.profiles import Profile
 from tidegate.errors import RequestError
 from tidegate.policy import admission as adm
 from tidegate.policy.classes import class_of
-from tidegate.policy.registry import LiveLoad, Policy, PoolSnapshot, RequestFeatures, RouteInfo, SloTargets, notify
+from tidegate.policy.registry import (
+    LiveLoad,
+    Policy,
+    PoolSnapshot,
+    RequestFeatures,
+    RouteInfo,
+    SloTargets,
+    notify,
+    notify_output,
+)
 from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables
 
 _DELIVER, _SCRAPE, _REPORT, _TICK, _WAKE = 0, 1, 2, 3, 4
@@ -400,7 +409,9 @@ class Simulation:
             router = self.routers[rec.router]
             router.inflight[rep.replica_id] -= 1
             self._outstanding -= 1
-            notify(router.policy, "on_complete", self._features.pop(req_id), rep.replica_id)
+            features = self._features.pop(req_id)
+            notify(router.policy, "on_complete", features, rep.replica_id)
+            notify_output(router.policy, features, rep.replica_id, rec.req.output_tokens)
         elif kind == "preempted":
             rec.preemptions += 1
 

@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import json
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,6 +69,12 @@ _POOL = web.RequestKey("tidegate_pool", str)      # the pool, once the model is 
 _STATUS = web.RequestKey("tidegate_status", str)  # metric status when it differs from the HTTP one
 _CLASS = web.RequestKey("tidegate_class", str)    # the priority class, once read
 _HOLD = web.RequestKey("tidegate_budget_hold", Hold)  # what the request holds of the admission budget
+# The engine's own count of output tokens (`usage.completion_tokens`), read from the end of a response
+# that finished normally: always in a plain JSON answer, in a stream when the client asked for usage.
+# It teaches the policy how long outputs really are. SSE events are not counted instead: engines
+# coalesce several tokens into one event when the client reads slowly (vLLM's stream interval).
+_OUTPUT = web.RequestKey("tidegate_output_tokens", int)
+_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
 @dataclass(frozen=True)
@@ -310,6 +317,9 @@ class Proxy:
                 registry.notify(policy, "on_complete", req, choice.replica_id)
                 self._wake(table.pool)
             if isinstance(result, web.StreamResponse):
+                output = request.get(_OUTPUT)
+                if output is not None:
+                    registry.notify_output(policy, req, choice.replica_id, output)
                 self._refusals.succeeded(choice.replica_id)
                 self._inflight.succeeded(choice.replica_id)
                 return result
@@ -388,6 +398,7 @@ class Proxy:
         is_sse = upstream.content_type == "text/event-stream"
         if upstream.content_length is not None and not is_sse:
             out.content_length = upstream.content_length
+        prev, last = b"", first
         try:
             await out.prepare(request)
             if first:
@@ -413,8 +424,13 @@ class Proxy:
                     return out
                 if not chunk:
                     break
+                prev, last = last, chunk
                 await out.write(chunk)
             await out.write_eof()
+            if upstream.status == 200:
+                usage = _USAGE.search(prev + last)  # usage comes last: in the final chunk or two
+                if usage is not None:
+                    request[_OUTPUT] = int(usage.group(1))
         except ConnectionResetError:  # the client went away while we wrote to it
             request[_STATUS] = "499"
             self._metrics.client_disconnects.inc()

@@ -387,3 +387,40 @@ async def test_pools_without_an_slo_get_the_routers_default(engines, monkeypatch
     async with Router(tables, default_slo=default) as client:
         assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
     assert fake.slos == [default]
+
+
+class FakeOutputPolicy(FakeHookPolicy):
+    def __init__(self) -> None:
+        super().__init__()
+        self.outputs: list[tuple[str, int]] = []
+
+    def on_output(self, request, replica_id, output_tokens):
+        self.outputs.append((replica_id, output_tokens))
+
+
+@pytest.mark.parametrize(("path", "payload"), [
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 12}),
+    ("/v1/completions", {"model": "m", "prompt": "hello there", "max_tokens": 12}),
+])
+async def test_finished_answers_teach_the_policy_their_output_length(monkeypatch, path, payload):
+    from simulator.engine import Engine as SimEngine
+    from simulator.profiles import get_profile
+    from simulator.server import create_app
+    from tidegate.policy import registry
+
+    fake = FakeOutputPolicy()
+    monkeypatch.setattr(registry, "create", lambda name: fake)
+    sim = web.AppRunner(create_app(SimEngine(get_profile("tiny-h100"), random.Random(0)), "m", speedup=50.0))
+    await sim.setup()
+    await web.TCPSite(sim, "127.0.0.1", 0).start()
+    tables = RoutingTables()
+    set_table(tables, "m", [("a", f"http://127.0.0.1:{sim.addresses[0][1]}", 1.0)])
+    async with Router(tables) as client:
+        for extra in ({}, {"stream": True, "stream_options": {"include_usage": True}},
+                      {"stream": True}):  # a stream without usage: the count is unknown, nothing is said
+            r = await client.post(path, json={**payload, **extra})
+            assert r.status == 200
+            await r.read()
+    await sim.cleanup()
+    # The simulated engine writes exactly max_tokens and reports it in usage.
+    assert fake.outputs == [("a", 12), ("a", 12)]

@@ -359,3 +359,42 @@ def test_property_every_router_picks_the_same_home(n, hashes, prompt):
              for k, step in enumerate((1, -1))}
     assert len(picks) == 1
     assert picks == {home_order(ids, PrefixBlocks(tuple(hashes), prompt))[0]}
+
+
+# ---------------------------------------------------------------------------- output lengths
+
+
+def _kv_wait(policy: TidegatePolicy, request: RequestFeatures) -> float:
+    snap = PoolSnapshot(entries=(e("a", running=10, free=20_000),), slo=SloTargets())
+    (p,) = policy.predictions(snap, request)
+    return p.kv_wait_s
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "observed", "waits_before", "waits_after"),
+    [
+        pytest.param(30_000, 300, True, False, id="a generous cap, short answers: the cap stops counting"),
+        pytest.param(30_000, 30_000, True, True, id="answers use the cap: still counted"),
+        pytest.param(None, 40_000, False, True, id="no cap: the learned mean output counts"),
+    ],
+)
+def test_output_length_is_learned_from_finished_requests(max_tokens, observed, waits_before, waits_after):
+    policy = TidegatePolicy()
+    probe = req(prompt=1000, out=max_tokens)
+    assert (_kv_wait(policy, probe) > 0) is waits_before
+    for i in range(600):
+        done = req(prompt=1000, out=max_tokens, rid=f"r{i}")
+        policy.on_dispatch(done, "a")
+        policy.on_complete(done, "a")
+        policy.on_output(done, "a", observed)
+    assert (_kv_wait(policy, probe) > 0) is waits_after
+
+
+def test_output_hook_counts_outputs_past_the_cap_as_the_cap():
+    policy = TidegatePolicy()
+    probe = req(prompt=1000, out=30_000)
+    before = _kv_wait(policy, probe)
+    for i in range(100):
+        done = req(prompt=1000, out=30_000, rid=f"r{i}")
+        policy.on_output(done, "a", 90_000)  # more than the cap: counts as the whole cap, no more
+    assert _kv_wait(policy, probe) == pytest.approx(before)

@@ -9,6 +9,7 @@ and optional router-local hooks the router calls after a pick and when a request
     on_dispatch(request, replica_id)      # after the request was sent to replica_id
     on_first_token(request, replica_id)   # its first token came back
     on_complete(request, replica_id)      # it finished, failed or was cancelled
+    on_output(request, replica_id, n)     # it finished normally after producing n output tokens
 
 A policy that reads `RequestFeatures.prefix_hashes` says so with a class attribute
 `uses_prefix_hashes = True`; the live router hashes prompts only for those (it is per-request work).
@@ -139,6 +140,13 @@ def notify(policy: object, hook: str, request: RequestFeatures, replica_id: str)
     fn = getattr(policy, hook, None)
     if fn is not None:
         fn(request, replica_id)
+
+
+def notify_output(policy: object, request: RequestFeatures, replica_id: str, output_tokens: int) -> None:
+    """Tell a policy that has `on_output` how many tokens a request produced (after on_complete)."""
+    fn = getattr(policy, "on_output", None)
+    if fn is not None and output_tokens >= 0:
+        fn(request, replica_id, output_tokens)
 
 
 _FACTORIES: dict[str, Callable[[], Policy]] = {}

@@ -84,7 +84,11 @@ class TidegatePolicy:
         self._flights: dict[tuple[object, str], _Flight] = {}
         self._seen = 0
         self._mean_prefill = 0.0
+        # Mean output length: from max_tokens (scaled by _cap_use) at dispatch, and from finished
+        # requests that had no max_tokens (on_output).
         self._mean_output = float(DEFAULT_OUTPUT_TOKENS)
+        # Observed output / max_tokens: clients set max_tokens as a cap, often far above the answer.
+        self._cap_use = 1.0
         self._mean_fragility = _fragility(DEFAULT_OUTPUT_TOKENS)
         self._capacity: dict[str, float] = {}   # KV tokens per replica, from the last table seen
         self._last: tuple[RequestFeatures, PrefixBlocks] | None = None
@@ -101,7 +105,11 @@ class TidegatePolicy:
         return blocks
 
     def _output(self, request: RequestFeatures) -> float:
-        return float(request.max_tokens) if request.max_tokens else self._mean_output
+        """Expected output tokens. Clients set max_tokens as a cap, often far above what the model
+        writes, so it is scaled by the share of the cap finished requests actually used."""
+        if request.max_tokens:
+            return max(1.0, float(request.max_tokens) * self._cap_use)
+        return self._mean_output
 
     def _own_share(self, cands: list[RouteInfo]) -> float:
         """This router's share of the pool's in-flight requests: its own in-flight count over the
@@ -204,6 +212,8 @@ class TidegatePolicy:
         out = self._output(request)
         kv = float(request.prompt_tokens) + out
         frag = _fragility(out)
+        if request.max_tokens:  # its expected output, known now; others teach it when they finish
+            self._mean_output += EWMA_ALPHA * (out - self._mean_output)
         self._seen += 1
         if self._seen == 1:
             self._mean_prefill = prefill
@@ -211,8 +221,6 @@ class TidegatePolicy:
         else:
             self._mean_prefill += EWMA_ALPHA * (prefill - self._mean_prefill)
             self._mean_fragility += EWMA_ALPHA * (frag - self._mean_fragility)
-        if request.max_tokens:
-            self._mean_output += EWMA_ALPHA * (request.max_tokens - self._mean_output)
         own = self._own.setdefault(replica_id, _Own())
         own.queued += prefill
         own.waiting += 1
@@ -231,6 +239,16 @@ class TidegatePolicy:
         own.queued = max(0.0, own.queued - f.prefill)
         own.waiting = max(0, own.waiting - 1)
         own.decoding += 1
+
+    def on_output(self, request: RequestFeatures, replica_id: str, output_tokens: int) -> None:
+        """Learn how long outputs really are: their mean and the share of max_tokens they use."""
+        del replica_id
+        n = float(max(1, output_tokens))
+        if request.max_tokens:
+            used = min(1.0, n / float(request.max_tokens))
+            self._cap_use += EWMA_ALPHA * (used - self._cap_use)
+        else:
+            self._mean_output += EWMA_ALPHA * (n - self._mean_output)
 
     def on_complete(self, request: RequestFeatures, replica_id: str) -> None:
         f = self._flights.pop(self._key(request, replica_id), None)
