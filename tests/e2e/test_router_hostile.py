@@ -51,6 +51,8 @@ def exchange(url: str, data: bytes, timeout_s: float = 5.0, trickle_s: float = 0
                         return out, time.monotonic() - t0, True
                 except BlockingIOError:
                     pass
+                except ConnectionResetError:  # a byte sent after the router closed draws a reset
+                    return out, time.monotonic() - t0, True
                 if time.monotonic() - t0 > timeout_s:
                     return out, time.monotonic() - t0, False
             sock.setblocking(True)

@@ -398,3 +398,27 @@ def test_output_hook_counts_outputs_past_the_cap_as_the_cap():
         done = req(prompt=1000, out=30_000, rid=f"r{i}")
         policy.on_output(done, "a", 90_000)  # more than the cap: counts as the whole cap, no more
     assert _kv_wait(policy, probe) == pytest.approx(before)
+
+
+@pytest.mark.parametrize(
+    ("base_a", "base_b", "same"),
+    [
+        pytest.param(0.05, 1.4, True, id="sub-ms bases: noise below the ITL buckets, both take the median"),
+        pytest.param(8.0, 20.0, False, id="8 vs 20 ms: another kind of GPU keeps its own"),
+    ],
+)
+def test_tiny_step_differences_are_not_another_kind_of_gpu(base_a, base_b, same):
+    rates = pool_rates([e("a", rates=dict(FAST, decode_step_base_ms=base_a)),
+                        e("b", rates=dict(FAST, decode_step_base_ms=base_b))])
+    assert (rates["a"] == rates["b"]) is same
+
+
+def test_an_uncordoned_replica_with_a_noisy_fit_gets_traffic_again():
+    """Idle fleet, sequential tiny requests: the replica whose (noisy) fit reads slower still wins
+    some picks, so its fit can be corrected; it is not starved."""
+    policy = TidegatePolicy()
+    snap = PoolSnapshot(entries=(e("a", rates=dict(FAST, decode_step_base_ms=1.4)),
+                                 e("b", rates=dict(FAST, decode_step_base_ms=0.05))))
+    rng = random.Random(3)
+    picks = [policy.pick(snap, req(prompt=2, out=2), rng).replica_id for _ in range(200)]
+    assert 40 <= picks.count("a") <= 160

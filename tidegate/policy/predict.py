@@ -52,10 +52,17 @@ DEFAULT_RATES = Rates(prefill_tps=25_000.0, step_base_s=0.010, step_per_seq_s=0.
 HETEROGENEOUS = 1.5
 
 
+# Differences smaller than these are noise, not another kind of GPU: engines' inter-token latency
+# histograms (what the base step is fitted from) start their buckets at 10 ms, so a fit cannot tell
+# 0.05 ms from 1.4 ms; and a replica given its own tiny-but-larger figure would never be picked
+# again on an idle fleet, so its fit could never be corrected (seen after an uncordon).
+RESOLUTION = (1000.0, 1.0)   # prefill tokens/s, base step ms
+
+
 def pool_rates(entries: Iterable) -> dict[str, Rates]:
     """Rates per replica id: the pool's median of each fitted figure (replicas of one pool serve
     one model, usually on one kind of hardware), or, for a replica whose prefill rate or base
-    step differs from the median by more than HETEROGENEOUS (another kind of GPU), its own
+    step differs from the median by more than HETEROGENEOUS and RESOLUTION (another kind of GPU), its own
     figures. The per-sequence step is the noisiest fit and never decides alone. DEFAULT_RATES's
     figure where no replica of the pool has one (<= 0 or non-finite = not fitted)."""
     entries = list(entries)
@@ -72,8 +79,8 @@ def pool_rates(entries: Iterable) -> dict[str, Rates]:
     out = {}
     for e in entries:
         own = [getattr(e, n, 0.0) for n in names]
-        other_kind = any(known(v) and not (1 / HETEROGENEOUS <= v / m <= HETEROGENEOUS)
-                         for v, m in zip(own[:2], medians[:2], strict=True))
+        other_kind = any(known(v) and not (1 / HETEROGENEOUS <= v / m <= HETEROGENEOUS) and abs(v - m) > floor
+                         for v, m, floor in zip(own[:2], medians[:2], RESOLUTION, strict=True))
         p, b, s = (v if other_kind and known(v) else m for v, m in zip(own, medians, strict=True))
         out[e.replica_id] = Rates(p, b / 1000.0, s / 1000.0)
     return out

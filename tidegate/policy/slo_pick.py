@@ -37,6 +37,11 @@ from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, S
 # Bounded load: affinity (cache reuse, the prefix's home) may cost at most this factor of the
 # cheapest placement, as consistent hashing with bounded loads caps a bin at c = 1.25 x average.
 BAND_C = 1.25
+# Costs closer than this (1 % of an SLO budget: 20 ms of a 2 s TTFT target) are ties, chosen at
+# random. The predictions are not finer than that (fitted rates are off by a few percent), and
+# picking the strictly cheapest of equals would starve a replica whose fit is stale or noisy: it
+# would never get the traffic that corrects its fit (seen after an uncordon on an idle fleet).
+COST_RESOLUTION = 0.01
 # Output length assumed when the request does not say (max_tokens) and nothing was seen yet.
 DEFAULT_OUTPUT_TOKENS = 256
 # Weight of the newest sample in the running means (prefill per request, output, fragility).
@@ -193,7 +198,7 @@ class TidegatePolicy:
             key = blocks.home_key
             chosen = min(band, key=lambda p: (-p.cached_tokens, -self._index.rank(p.replica_id, key), p.cost))
         else:
-            ties = [p for p in fit if p.cost <= best]
+            ties = [p for p in fit if p.cost <= best + COST_RESOLUTION]
             chosen = ties[rng.randrange(len(ties))] if len(ties) > 1 else ties[0]
         return make_pick(by_id[chosen.replica_id], reason, chosen.cost, len(preds))
 
