@@ -42,7 +42,7 @@ from controlplane.telemetry_auth import (
     CredentialsFile,
     TelemetryAccess,
 )
-from controlplane.term import Term
+from controlplane.term import Plan, Term
 from tidegate import codec, config, keys, logs
 from tidegate.errors import StoreError
 from tidegate.policy.admission import parse_class_values
@@ -60,6 +60,9 @@ from tidegate.store.watchcache import WatchCache
 from tidegate.v1 import admin_pb2_grpc, records_pb2, telemetry_pb2_grpc
 
 log = structlog.get_logger(__name__)
+
+# Replicas per chunk of a tick's plan (see ControlPlane._plan_and_publish).
+TICK_CHUNK_REPLICAS = 250
 
 SECTION = "controlplane"
 RS = records_pb2.ReplicaState
@@ -413,15 +416,12 @@ class ControlPlane:
                 # Each step is tens of ms at thousands of replicas: let reports and an urgent
                 # republish in between, rather than holding the loop for the whole tick.
                 await asyncio.sleep(0)
-            plan = await self.term.plan()
+            plan = await self._plan_and_publish()
             # One set of views per tick (building them is most of a tick's work at thousands of
             # replicas): the transitions recorded are those of the tables just computed.
             views = self.fleet.views() if plan is None else plan.views
             tables = compute_pool_tables(views, self.fleet.policy) if plan is None else plan.computed
             if plan is not None:
-                await self.publisher.publish(plan.tables, self.leadership.fence, hold=plan.hold,
-                                             slos=self.slos.all() if self.slos.synced else None,
-                                             computed_at=plan.at)
                 await self.term.save_faults(self.leadership.fence)
             await self._record_transitions(views)
             await asyncio.sleep(0)
@@ -434,6 +434,40 @@ class ControlPlane:
         self.metrics.tick_seconds.observe(elapsed)
         if elapsed > self.cfg.tick_s:
             log.warning("tick_slow", seconds=round(elapsed, 3), tick_s=self.cfg.tick_s)
+
+    async def _plan_and_publish(self) -> Plan | None:
+        """Computes and publishes this tick's tables a chunk of pools at a time (about
+        TICK_CHUNK_REPLICAS replicas each), yielding between chunks. At 2,000 replicas one plan of
+        every pool held the loop for ~400 ms, and a state flip's urgent republish waited behind it
+        (propagation P99 ~0.9 s); now it waits for one chunk. Returns the merged plan, or None
+        before the last tables could be read."""
+        if await self.term.plan(()) is None:  # reads the last tables (and restores) once per term
+            return None
+        sizes: dict[str, int] = {}
+        for pool in self.fleet.pools().values():
+            sizes[pool] = sizes.get(pool, 0) + 1
+        chunks: list[list[str]] = [[]]
+        filled = 0
+        for pool in sorted(set(self.publisher.previous()) | set(sizes)):
+            if filled >= TICK_CHUNK_REPLICAS:
+                chunks.append([])
+                filled = 0
+            chunks[-1].append(pool)
+            filled += sizes.get(pool, 0)
+        merged = Plan({}, frozenset(), {}, [], time.monotonic())
+        for chunk in chunks:
+            plan = await self.term.plan(chunk)
+            if plan is None:
+                return None
+            await self.publisher.publish(plan.tables, self.leadership.fence, hold=plan.hold,
+                                         slos=self.slos.all() if self.slos.synced else None,
+                                         only=chunk, computed_at=plan.at)
+            merged.tables.update(plan.tables)
+            merged.computed.update(plan.computed)
+            merged.views.extend(plan.views)
+            merged = Plan(merged.tables, merged.hold | plan.hold, merged.computed, merged.views, plan.at)
+            await asyncio.sleep(0)
+        return merged
 
     def _state_changed(self, pool: str) -> None:
         self._urgent.add(pool)
