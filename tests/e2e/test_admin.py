@@ -101,7 +101,9 @@ async def test_tokens_roles_and_bad_token_file(cps: Any, store: EtcdStore, tmp_p
             await admin.ListReplicas(admin_pb2.ListReplicasRequest(), metadata=(("authorization", "Bearer nope"),))
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         await eventually(_leader(store, "cp-a"), 15, "cp-a leads")
-        await admin.ListReplicas(admin_pb2.ListReplicasRequest(), metadata=VIEWER_MD)
+        # The election record names cp-a a moment before cp-a's campaign returns; in between it
+        # answers UNAVAILABLE ("retry"), as a client is told to.
+        await eventually(_serves(admin), 10, "cp-a serves as leader")
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await admin.Cordon(admin_pb2.CordonRequest(selector=sel("r1")), metadata=VIEWER_MD)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -277,6 +279,18 @@ async def test_standby_forwards_to_leader(cps: Any, store: EtcdStore) -> None:
             assert (await table_entry(store, "r1")).weight == 0
     finally:
         await agent.close()
+
+
+def _serves(admin: Any) -> Any:
+    async def probe() -> bool:
+        try:
+            await admin.ListReplicas(admin_pb2.ListReplicasRequest(), metadata=VIEWER_MD)
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            return False
+        return True
+    return probe
 
 
 def _leader(etcd: EtcdStore, cp_id: str) -> Any:
