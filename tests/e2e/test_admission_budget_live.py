@@ -100,11 +100,12 @@ def test_two_routers_share_one_budget(fleet: tuple[Fleet, dict[str, Any], Cli, s
     assert sum(s["prefillTokens"] for s in shares.values()) == pytest.approx(total["prefillTokens"], rel=1e-6)
 
     rng = random.Random(11)
-    prompts = [" ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(400)) for _ in range(260)]
+    prompts = [" ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(400)) for _ in range(300)]
     size = max(count_completion_prompt_tokens(p) for p in prompts)
     expected = _capacity(total, budget["classFraction"]["standard"], size)
-    assert 20 <= expected <= 100, (expected, total, size)   # the burst below must overrun it
-    n = int(expected * 2.5) // 2 * 2
+    # The budget follows the fitted engine rates, which vary from run to run (30-160 requests seen).
+    assert 20 <= expected <= 250, (expected, total, size)
+    n = (int(expected) + 40) // 2 * 2   # a burst that overruns the budget by about 40 requests
     urls = [info["router_url"], second_url] * (n // 2)
     with ThreadPoolExecutor(max_workers=n) as pool:
         codes = list(pool.map(_send, urls, prompts[:n]))
