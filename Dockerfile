@@ -7,5 +7,6 @@ COPY agent ./agent
 COPY controlplane ./controlplane
 COPY router ./router
 COPY simulator ./simulator
+COPY fleetsim ./fleetsim
 RUN pip install --no-cache-dir .
 ENTRYPOINT ["tidegate"]

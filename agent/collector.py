@@ -21,12 +21,12 @@ from typing import Protocol
 import aiohttp
 import structlog
 from google.protobuf.timestamp_pb2 import Timestamp
+from tidegate.agent.histograms import HistogramWindow, LatencyWindow
+from tidegate.agent.metrics import AgentMetrics
+from tidegate.agent.normalize import EngineSample, TelemetryParseError, parse_metrics
+from tidegate.agent.nvml import GpuTelemetry
+from tidegate.agent.rates import counter_rate, work_deltas
 
-from agent.histograms import HistogramWindow, LatencyWindow
-from agent.metrics import AgentMetrics
-from agent.normalize import EngineSample, TelemetryParseError, parse_metrics
-from agent.nvml import GpuTelemetry
-from agent.rates import counter_rate, work_deltas
 from tidegate.v1 import telemetry_pb2
 
 log = structlog.get_logger(__name__)

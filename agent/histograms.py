@@ -19,7 +19,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from agent.normalize import Buckets
+from tidegate.agent.normalize import Buckets
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,15 @@ import aiohttp
 import structlog
 from prometheus_client import start_http_server
 from pydantic import Field, field_validator
+from tidegate.agent.collector import Collector
+from tidegate.agent.metrics import AgentMetrics
+from tidegate.agent.normalize import DIALECTS
+from tidegate.agent.nvml import NvmlReader
+from tidegate.agent.simgpu import SimulatedGpuReader
+from tidegate.agent.stream import HelloInfo, StreamClient
 
 import tidegate.config
 import tidegate.logs
-from agent.collector import Collector
-from agent.metrics import AgentMetrics
-from agent.normalize import DIALECTS
-from agent.nvml import NvmlReader
-from agent.simgpu import SimulatedGpuReader
-from agent.stream import HelloInfo, StreamClient
 from tidegate.config import ConfigBase, ConfigError, parse_endpoints
 
 log = structlog.get_logger(__name__)

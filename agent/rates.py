@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from agent.normalize import EngineSample
+from tidegate.agent.normalize import EngineSample
 
 
 def counter_rate(prev: float | None, now: float | None, dt_s: float) -> float:

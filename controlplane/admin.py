@@ -23,14 +23,14 @@ import grpc.aio
 import structlog
 from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
+from tidegate.controlplane.auth import OPERATOR, VIEWER, Authenticator, Principal
+from tidegate.controlplane.events import EventLog
+from tidegate.controlplane.fleet import FleetState
+from tidegate.controlplane.pools import pool_summaries
+from tidegate.controlplane.publisher import TablePublisher
+from tidegate.controlplane.slo import decode_all as decode_slos
+from tidegate.controlplane.slo import validate as validate_slo
 
-from controlplane.auth import OPERATOR, VIEWER, Authenticator, Principal
-from controlplane.events import EventLog
-from controlplane.fleet import FleetState
-from controlplane.pools import pool_summaries
-from controlplane.publisher import TablePublisher
-from controlplane.slo import decode_all as decode_slos
-from controlplane.slo import validate as validate_slo
 from tidegate import codec, keys
 from tidegate.errors import StoreError
 from tidegate.policy import budgets as budget_policy

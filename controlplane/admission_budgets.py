@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 import structlog
+from tidegate.controlplane.fleet import FleetState
+from tidegate.controlplane.publisher import _timestamp
 
-from controlplane.fleet import FleetState
-from controlplane.publisher import _timestamp
 from tidegate import codec, keys
 from tidegate.errors import StoreError
 from tidegate.policy.admission_budget import BudgetConfig, ReplicaCapacity, Tokens, pool_total, split

@@ -19,8 +19,8 @@ from dataclasses import replace
 
 import structlog
 from google.protobuf import timestamp_pb2
+from tidegate.controlplane.fleet import FleetState
 
-from controlplane.fleet import FleetState
 from tidegate import codec, keys
 from tidegate.errors import StoreError
 from tidegate.policy.faults import FaultState

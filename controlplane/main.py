@@ -23,26 +23,26 @@ import structlog
 from google.protobuf import timestamp_pb2
 from prometheus_client import start_http_server
 from pydantic import Field, field_validator
-
-from controlplane.admin import AdminService
-from controlplane.admission_budgets import BudgetPublisher, tokens_of
-from controlplane.auth import Authenticator, load_tokens
-from controlplane.events import EventLog
-from controlplane.faultbook import FaultBook
-from controlplane.fleet import FleetState
-from controlplane.leader import Leadership, LeaderWatch
-from controlplane.metrics import Metrics
-from controlplane.publisher import TablePublisher
-from controlplane.slo import PoolSlos, ScaleReporter, slo_targets_ms
-from controlplane.telemetry import TelemetryService
-from controlplane.telemetry_auth import (
+from tidegate.controlplane.admin import AdminService
+from tidegate.controlplane.admission_budgets import BudgetPublisher, tokens_of
+from tidegate.controlplane.auth import Authenticator, load_tokens
+from tidegate.controlplane.events import EventLog
+from tidegate.controlplane.faultbook import FaultBook
+from tidegate.controlplane.fleet import FleetState
+from tidegate.controlplane.leader import Leadership, LeaderWatch
+from tidegate.controlplane.metrics import Metrics
+from tidegate.controlplane.publisher import TablePublisher
+from tidegate.controlplane.slo import PoolSlos, ScaleReporter, slo_targets_ms
+from tidegate.controlplane.telemetry import TelemetryService
+from tidegate.controlplane.telemetry_auth import (
     DEFAULT_ALLOWED_NETWORKS,
     NO_CREDENTIALS,
     AllowedNetworks,
     CredentialsFile,
     TelemetryAccess,
 )
-from controlplane.term import Plan, Term
+from tidegate.controlplane.term import Plan, Term
+
 from tidegate import codec, config, keys, logs
 from tidegate.errors import StoreError
 from tidegate.policy.admission import parse_class_values

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from controlplane.fleet import FleetState
+from tidegate.controlplane.fleet import FleetState
+
 from tidegate.policy.weights import ROUTABLE_STATES, decide
 from tidegate.v1 import admin_pb2, records_pb2, telemetry_pb2
 

@@ -34,8 +34,8 @@ from types import MappingProxyType
 
 import structlog
 from google.protobuf import timestamp_pb2
+from tidegate.controlplane.metrics import Metrics
 
-from controlplane.metrics import Metrics
 from tidegate import codec, keys
 from tidegate.errors import StoreError
 from tidegate.policy.weights import routing_key

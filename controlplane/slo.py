@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 from prometheus_client import CollectorRegistry, Gauge
+from tidegate.controlplane.fleet import FleetState
+from tidegate.controlplane.publisher import _timestamp
 
-from controlplane.fleet import FleetState
-from controlplane.publisher import _timestamp
 from tidegate import codec, keys
 from tidegate.errors import StoreError
 from tidegate.policy.registry import SloTargets

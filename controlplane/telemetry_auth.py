@@ -49,8 +49,8 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 import structlog
+from tidegate.controlplane.auth import csv_records, read_credentials_file
 
-from controlplane.auth import csv_records, read_credentials_file
 from tidegate.config import ConfigError
 from tidegate.errors import PermissionDeniedError, ReplicaHeldError, UnauthenticatedError
 

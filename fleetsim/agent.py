@@ -20,11 +20,12 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 
-from agent.histograms import LatencyWindow, summarize
-from agent.normalize import EngineSample
-from agent.rates import work_deltas
-from simulator.engine import Engine
-from simulator.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from tidegate.agent.histograms import LatencyWindow, summarize
+from tidegate.agent.normalize import EngineSample
+from tidegate.agent.rates import work_deltas
+from tidegate.simulator.engine import Engine
+from tidegate.simulator.metrics import ITL_BUCKETS, TTFT_BUCKETS
+
 from tidegate.v1 import telemetry_pb2
 
 

@@ -34,9 +34,9 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fleetsim.workload import SimRequest
-from simulator.engine import Engine
-from simulator.profiles import Profile
+from tidegate.fleetsim.workload import SimRequest
+from tidegate.simulator.engine import Engine
+from tidegate.simulator.profiles import Profile
 
 MIN_WARMUP = 100
 MIN_MEASURE = 1000

@@ -45,11 +45,11 @@ from typing import Any
 
 import structlog
 from pydantic import Field, field_validator
+from tidegate.fleetsim import capacity as saturation
+from tidegate.fleetsim import results, workload
+from tidegate.fleetsim.sim import ROUTER_SPREADS, SimConfig, Simulation, servable
+from tidegate.simulator.profiles import Profile, ProfileError, get_profile
 
-from fleetsim import capacity as saturation
-from fleetsim import results, workload
-from fleetsim.sim import ROUTER_SPREADS, SimConfig, Simulation, servable
-from simulator.profiles import Profile, ProfileError, get_profile
 from tidegate import logs
 from tidegate.config import ConfigBase, ConfigError, add_flags, load
 from tidegate.fleet import capacity
@@ -476,7 +476,7 @@ def run(args: argparse.Namespace) -> int:
         policies = policy_names(cfg.policy)
         plotter = None
         if cfg.plot is not None:
-            from fleetsim import plot
+            from tidegate.fleetsim import plot
 
             plotter = plot.Plotter(cfg.plot)  # raises PlotUnavailableError without matplotlib
         if plotter is not None and (cfg.jobs > 1 or cfg.find_capacity):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fleetsim.sim import SimResult
+from tidegate.fleetsim.sim import SimResult
 
 
 class PlotUnavailableError(ValueError):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from simulator.engine import Engine
-from simulator.profiles import Profile
+from tidegate.simulator.engine import Engine
+from tidegate.simulator.profiles import Profile
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from fleetsim.sim import CLIENT_ERROR, SimResult, makespan
+from tidegate.fleetsim.sim import CLIENT_ERROR, SimResult, makespan
+
 from tidegate.fleet.report import summary_ms
 
 

@@ -53,12 +53,13 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from controlplane.fleet import FleetState
-from controlplane.publisher import routing_key
-from fleetsim.agent import SimAgent
-from fleetsim.replica import SimReplica
-from fleetsim.workload import SimRequest
-from simulator.profiles import Profile
+from tidegate.controlplane.fleet import FleetState
+from tidegate.controlplane.publisher import routing_key
+from tidegate.fleetsim.agent import SimAgent
+from tidegate.fleetsim.replica import SimReplica
+from tidegate.fleetsim.workload import SimRequest
+from tidegate.simulator.profiles import Profile
+
 from tidegate.errors import RequestError
 from tidegate.policy import admission as adm
 from tidegate.policy.classes import class_of

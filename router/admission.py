@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from tidegate.router.parse import error_body
 
-from router.parse import error_body
 from tidegate.policy import admission as adm
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, SloTargets
 

@@ -10,13 +10,13 @@ import aiohttp
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tidegate.router.metrics import RouterMetrics
+from tidegate.router.openapi import spec as openapi_spec
+from tidegate.router.parse import CHAT_PATH, COMPLETIONS_PATH, error_body
+from tidegate.router.proxy import Proxy, json_error
+from tidegate.router.ratelog import LogRateLimiter
+from tidegate.router.tables import RoutingTables
 
-from router.metrics import RouterMetrics
-from router.openapi import spec as openapi_spec
-from router.parse import CHAT_PATH, COMPLETIONS_PATH, error_body
-from router.proxy import Proxy, json_error
-from router.ratelog import LogRateLimiter
-from router.tables import RoutingTables
 from tidegate.policy.pick import routable
 
 MIB = 1024 * 1024

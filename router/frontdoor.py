@@ -43,9 +43,8 @@ from typing import Any, Generic, TypeVar
 import structlog
 from aiohttp import web, web_protocol
 from aiohttp.http_exceptions import LineTooLong
-
-from router.parse import error_body
-from router.ratelog import LogRateLimiter
+from tidegate.router.parse import error_body
+from tidegate.router.ratelog import LogRateLimiter
 
 log = structlog.get_logger(__name__)
 

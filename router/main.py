@@ -17,13 +17,12 @@ import time
 import structlog
 from aiohttp import web
 from pydantic import Field, field_validator
-
-from router import credentials, prompt_tokens
-from router.admission import AdmissionMetrics, Gate
-from router.admission_budgets import AdmissionBudgets
-from router.app import MIB, build_app, make_session
-from router.budget import RetryBudget
-from router.frontdoor import (
+from tidegate.router import credentials, prompt_tokens
+from tidegate.router.admission import AdmissionMetrics, Gate
+from tidegate.router.admission_budgets import AdmissionBudgets
+from tidegate.router.app import MIB, build_app, make_session
+from tidegate.router.budget import RetryBudget
+from tidegate.router.frontdoor import (
     ACCEPT_BATCH,
     FrontDoor,
     FrontDoorLimits,
@@ -35,12 +34,13 @@ from router.frontdoor import (
     raise_nofile_limit,
     rate_limited_exception_handler,
 )
-from router.inflight import InflightCounter
-from router.metrics import RouterMetrics
-from router.parse import DEFAULT_MAX_JSON_DEPTH
-from router.presence import PresencePublisher
-from router.proxy import Proxy, ProxySettings
-from router.tables import RoutingTables
+from tidegate.router.inflight import InflightCounter
+from tidegate.router.metrics import RouterMetrics
+from tidegate.router.parse import DEFAULT_MAX_JSON_DEPTH
+from tidegate.router.presence import PresencePublisher
+from tidegate.router.proxy import Proxy, ProxySettings
+from tidegate.router.tables import RoutingTables
+
 from tidegate import keys, logs
 from tidegate.config import ConfigBase, ConfigError, EtcdFields, add_flags, load
 from tidegate.errors import StoreError

@@ -7,9 +7,8 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from router.inflight import InflightCounter
-from router.tables import RoutingTables
+from tidegate.router.inflight import InflightCounter
+from tidegate.router.tables import RoutingTables
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 

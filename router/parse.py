@@ -10,7 +10,8 @@ import json
 import re
 from typing import Any
 
-from router.prompt_tokens import ESTIMATE, PromptCounter
+from tidegate.router.prompt_tokens import ESTIMATE, PromptCounter
+
 from tidegate.errors import RequestError
 from tidegate.policy.pick import RequestFeatures
 

@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable, Mapping
 
 import structlog
+from tidegate.router.admission_budgets import AdmissionBudgets
+from tidegate.router.inflight import InflightCounter
+from tidegate.router.tables import RoutingTables
 
-from router.admission_budgets import AdmissionBudgets
-from router.inflight import InflightCounter
-from router.tables import RoutingTables
 from tidegate import codec, keys
 from tidegate.policy.admission_budget import Tokens
 from tidegate.store.lease import LeaseKeeper

@@ -32,19 +32,19 @@ import aiohttp
 import structlog
 from aiohttp import web
 from multidict import CIMultiDict
+from tidegate.router.admission import Gate, Rejected, rejection_response
+from tidegate.router.admission_budgets import AdmissionBudgets
+from tidegate.router.budget import RetryBudget
+from tidegate.router.credentials import NO_CREDENTIALS, EngineCredentials
+from tidegate.router.inflight import InflightCounter
+from tidegate.router.metrics import RouterMetrics
+from tidegate.router.parse import DEFAULT_MAX_JSON_DEPTH, BadRequest, error_body, parse_request, request_prefix_hashes
+from tidegate.router.prompt_tokens import ESTIMATE, PromptCounter
+from tidegate.router.ratelog import LogRateLimiter
+from tidegate.router.refusals import ConnectRefusals
+from tidegate.router.reqclass import BadHeader, RequestClass, classify
+from tidegate.router.tables import PoolTable, RoutingTables
 
-from router.admission import Gate, Rejected, rejection_response
-from router.admission_budgets import AdmissionBudgets
-from router.budget import RetryBudget
-from router.credentials import NO_CREDENTIALS, EngineCredentials
-from router.inflight import InflightCounter
-from router.metrics import RouterMetrics
-from router.parse import DEFAULT_MAX_JSON_DEPTH, BadRequest, error_body, parse_request, request_prefix_hashes
-from router.prompt_tokens import ESTIMATE, PromptCounter
-from router.ratelog import LogRateLimiter
-from router.refusals import ConnectRefusals
-from router.reqclass import BadHeader, RequestClass, classify
-from router.tables import PoolTable, RoutingTables
 from tidegate.policy import registry
 from tidegate.policy.admission_budget import Hold
 from tidegate.policy.pick import RequestFeatures

@@ -17,8 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from simulator.engine import Engine, RequestResult
-from simulator.profiles import get_profile
+from tidegate.simulator.engine import Engine, RequestResult
+from tidegate.simulator.profiles import get_profile
+
 from tidegate.fleet.capacity import estimate
 from tidegate.fleet.traces import TraceRequest, load
 

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 import aiohttp
+from tidegate.simulator.profiles import get_profile
 
-from simulator.profiles import get_profile
 from tidegate.fleet import loadgen, report, traces
 from tidegate.fleet.up import Fleet, UpConfig
 

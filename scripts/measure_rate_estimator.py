@@ -7,7 +7,7 @@ path (agent.normalize.parse_metrics, agent.rates.work_deltas) into one EngineWor
 tidegate.policy.rates.RateEstimator folds in, starting from the generic prior (or the profile's
 figures with `--seeded`). After `--warmup` seconds, the steps of each window are predicted with
 the rates published at the window's start (out of sample) and compared with their true durations
-from simulator.cost:
+from tidegate.simulator.cost:
 
     predicted step = decode_step_base_ms + decode_step_per_seq_ms * decodes + prefill_tokens / rate
 
@@ -26,11 +26,12 @@ import argparse
 import statistics
 from pathlib import Path
 
-from agent.normalize import parse_metrics
-from agent.rates import work_deltas
-from simulator.engine import Engine
-from simulator.metrics import SimMetrics
-from simulator.profiles import Profile, get_profile
+from tidegate.agent.normalize import parse_metrics
+from tidegate.agent.rates import work_deltas
+from tidegate.simulator.engine import Engine
+from tidegate.simulator.metrics import SimMetrics
+from tidegate.simulator.profiles import Profile, get_profile
+
 from tidegate.fleet.capacity import estimate
 from tidegate.fleet.traces import TraceRequest, load
 from tidegate.policy.rates import EngineRates, RateEstimator, WorkWindow

@@ -1,11 +1,11 @@
-"""`python -m simulator`: the same as `tidegate sim`, without loading the other subcommands."""
+"""`python -m tidegate.simulator`: the same as `tidegate sim`, without loading the other subcommands."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from simulator import main as sim_main
+from tidegate.simulator import main as sim_main
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import resources
 
-from simulator.engine import Engine
-from simulator.profiles import Profile, ProfileError, get_profile
+from tidegate.simulator.engine import Engine
+from tidegate.simulator.profiles import Profile, ProfileError, get_profile
 
 TOL_8B = 0.10
 TOL_SPLITWISE = 0.15
@@ -53,7 +53,7 @@ class CalibrationPoint:
 
 
 def _rows(name: str) -> list[dict[str, str]]:
-    text = resources.files("simulator").joinpath(f"calibration/{name}").read_text()
+    text = resources.files("tidegate.simulator").joinpath(f"calibration/{name}").read_text()
     return list(csv.DictReader(io.StringIO(text)))
 
 

@@ -65,7 +65,8 @@ from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from simulator.profiles import Profile
+from tidegate.simulator.profiles import Profile
+
 from tidegate.errors import PromptTooLargeError, RequestError
 
 DEFAULT_MAX_TOKENS = 256

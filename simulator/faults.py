@@ -54,8 +54,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulator.engine import EngineStats
-from simulator.profiles import Profile
+from tidegate.simulator.engine import EngineStats
+from tidegate.simulator.profiles import Profile
 
 GIB = 2**30
 MIB = 2**20

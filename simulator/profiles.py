@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from simulator.cost import CostModel
+from tidegate.simulator.cost import CostModel
 
 _COST_FIELDS = {f.name for f in dataclasses.fields(CostModel)}
 _PROFILE_FIELDS = {"description", "model", "block_size", "num_gpu_blocks", "max_num_seqs",
@@ -105,7 +104,7 @@ def load_profiles(path: Path | None = None) -> dict[str, Profile]:
     """All profiles from `path`, or from the packaged profiles/profiles.yaml."""
     try:
         if path is None:
-            text = resources.files("simulator").joinpath("profiles/profiles.yaml").read_text()
+            text = resources.files("tidegate.simulator").joinpath("profiles/profiles.yaml").read_text()
         else:
             text = Path(path).read_text()
     except OSError as exc:

@@ -55,12 +55,12 @@ from typing import Any
 
 import structlog
 from aiohttp import web
+from tidegate.simulator import tokens
+from tidegate.simulator.engine import Engine, RequestOutput
+from tidegate.simulator.faults import FaultError, SimulatedGpus, layout_for, parse_fault
+from tidegate.simulator.metrics import SimMetrics
+from tidegate.simulator.validate import SamplingError, check_sampling, vllm_error_body
 
-from simulator import tokens
-from simulator.engine import Engine, RequestOutput
-from simulator.faults import FaultError, SimulatedGpus, layout_for, parse_fault
-from simulator.metrics import SimMetrics
-from simulator.validate import SamplingError, check_sampling, vllm_error_body
 from tidegate.errors import PromptTooLargeError, RequestError
 
 log = structlog.get_logger(__name__)

@@ -14,10 +14,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
-
-from agent.collector import Collector
-from agent.histograms import summarize
-from agent.normalize import parse_metrics
+from tidegate.agent.collector import Collector
+from tidegate.agent.histograms import summarize
+from tidegate.agent.normalize import parse_metrics
 
 pytestmark = pytest.mark.e2e
 

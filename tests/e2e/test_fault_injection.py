@@ -20,14 +20,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from tidegate.agent.collector import Collector
+from tidegate.agent.main import AgentConfig, configure_parser
+from tidegate.agent.simgpu import SimulatedGpuReader
+from tidegate.simulator.engine import Engine
+from tidegate.simulator.main import CRASH_EXIT_CODE
+from tidegate.simulator.profiles import get_profile
+from tidegate.simulator.server import SIM_KEY, create_app
 
-from agent.collector import Collector
-from agent.main import AgentConfig, configure_parser
-from agent.simgpu import SimulatedGpuReader
-from simulator.engine import Engine
-from simulator.main import CRASH_EXIT_CODE
-from simulator.profiles import get_profile
-from simulator.server import SIM_KEY, create_app
 from tidegate.config import ConfigError, load
 
 pytestmark = pytest.mark.e2e

@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from tidegate.controlplane.publisher import TablePublisher
 
-from controlplane.publisher import TablePublisher
 from tidegate import codec, keys
 from tidegate.store.api import Fence, FencedError
 from tidegate.store.election import Election

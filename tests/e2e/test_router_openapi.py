@@ -24,8 +24,8 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from tidegate.router.openapi import spec
 
-from router.openapi import spec
 from tidegate import codec, keys
 from tidegate.etcd_server import EmbeddedEtcd
 from tidegate.store.etcd import EtcdStore
@@ -149,12 +149,12 @@ def test_every_route_is_documented(live_router: str):
     with urllib.request.urlopen(live_router + "/openapi.json", timeout=5) as r:
         served = json.loads(r.read())
     assert served == spec()
-    from router.app import build_app  # the app's routes are exactly the document's
-    from router.budget import RetryBudget
-    from router.inflight import InflightCounter
-    from router.metrics import RouterMetrics
-    from router.proxy import Proxy, ProxySettings
-    from router.tables import RoutingTables
+    from tidegate.router.app import build_app  # the app's routes are exactly the document's
+    from tidegate.router.budget import RetryBudget
+    from tidegate.router.inflight import InflightCounter
+    from tidegate.router.metrics import RouterMetrics
+    from tidegate.router.proxy import Proxy, ProxySettings
+    from tidegate.router.tables import RoutingTables
 
     tables, inflight = RoutingTables(), InflightCounter()
     metrics = RouterMetrics(tables, inflight, wall=lambda: 0.0)

@@ -16,10 +16,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
-
-from simulator.engine import Engine
-from simulator.profiles import get_profile
-from simulator.server import SIM_KEY, create_app
+from tidegate.simulator.engine import Engine
+from tidegate.simulator.profiles import get_profile
+from tidegate.simulator.server import SIM_KEY, create_app
 
 pytestmark = pytest.mark.e2e
 
@@ -312,7 +311,7 @@ SGLANG_NAMES = {
 @pytest.mark.parametrize("flavor", ["vllm", "vllm-v0", "sglang"])
 async def test_agent_parser_reads_every_flavor(flavor):
     """The agent's adapter (agent.normalize.parse_metrics) on the sim's real /metrics, under load."""
-    from agent.normalize import TelemetryParseError, parse_metrics
+    from tidegate.agent.normalize import TelemetryParseError, parse_metrics
 
     runner, app, base = await start(speedup=20.0, flavor=flavor)
     sim = app[SIM_KEY]

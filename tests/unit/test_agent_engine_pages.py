@@ -6,10 +6,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
-
-from agent.histograms import summarize
-from agent.normalize import DIALECTS, TelemetryParseError, parse_metrics
-from agent.rates import work_deltas
+from tidegate.agent.histograms import summarize
+from tidegate.agent.normalize import DIALECTS, TelemetryParseError, parse_metrics
+from tidegate.agent.rates import work_deltas
 
 PAGES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from agent.histograms import HistogramWindow, LatencyWindow, delta, quantile, summarize
-from agent.rates import counter_rate
+from tidegate.agent.histograms import HistogramWindow, LatencyWindow, delta, quantile, summarize
+from tidegate.agent.rates import counter_rate
 
 INF = math.inf
 

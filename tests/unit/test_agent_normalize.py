@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from tidegate.agent.normalize import EngineSample, TelemetryParseError, parse_metrics
 
-from agent.normalize import EngineSample, TelemetryParseError, parse_metrics
 from tidegate.errors import TidegateError
 
 VLLM_V1 = """\

@@ -13,9 +13,8 @@ import aiohttp
 import pynvml
 import pytest
 from aiohttp import web
-
-from agent.nvml import GpuStat, NvmlReader
-from agent.simgpu import SimulatedGpuReader
+from tidegate.agent.nvml import GpuStat, NvmlReader
+from tidegate.agent.simgpu import SimulatedGpuReader
 
 
 class FakeNvmlError(Exception):

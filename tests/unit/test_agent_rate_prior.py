@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from tidegate.agent.main import AgentConfig
+from tidegate.agent.stream import HelloInfo
+from tidegate.controlplane.fleet import FleetState
 
-from agent.main import AgentConfig
-from agent.stream import HelloInfo
-from controlplane.fleet import FleetState
 from tidegate.config import ConfigError, load
 from tidegate.policy.weights import WeightPolicyConfig
 from tidegate.v1 import telemetry_pb2

@@ -7,9 +7,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from agent.normalize import EngineSample, parse_metrics
-from agent.rates import work_deltas
+from tidegate.agent.normalize import EngineSample, parse_metrics
+from tidegate.agent.rates import work_deltas
 
 VLLM_V1 = """\
 # TYPE vllm:num_requests_running gauge

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from tidegate.controlplane.auth import Authenticator, Principal, parse_tokens
 
-from controlplane.auth import Authenticator, Principal, parse_tokens
 from tidegate.config import ConfigError
 
 

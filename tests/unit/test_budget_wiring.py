@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from controlplane.admission_budgets import BudgetPublisher
-from controlplane.fleet import FleetState
-from router.admission_budgets import AdmissionBudgets
+from tidegate.controlplane.admission_budgets import BudgetPublisher
+from tidegate.controlplane.fleet import FleetState
+from tidegate.router.admission_budgets import AdmissionBudgets
+
 from tidegate import codec, keys
 from tidegate.policy.admission_budget import Tokens
 from tidegate.policy.weights import WeightPolicyConfig
@@ -72,9 +73,9 @@ def test_router_takes_its_own_share() -> None:
 
 
 def test_presence_carries_error_streaks_and_demand() -> None:
-    from router.inflight import InflightCounter
-    from router.presence import presence_record
-    from router.tables import RoutingTables
+    from tidegate.router.inflight import InflightCounter
+    from tidegate.router.presence import presence_record
+    from tidegate.router.tables import RoutingTables
 
     inflight = InflightCounter()
     for _ in range(3):

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import pytest
 from prometheus_client import CollectorRegistry
+from tidegate.controlplane.fleet import FleetState
+from tidegate.controlplane.pools import pool_summaries
+from tidegate.controlplane.slo import ScaleReporter, decode_all, validate
 
-from controlplane.fleet import FleetState
-from controlplane.pools import pool_summaries
-from controlplane.slo import ScaleReporter, decode_all, validate
 from tidegate import codec, keys
 from tidegate.policy.weights import WeightPolicyConfig
 from tidegate.store.api import KeyValue

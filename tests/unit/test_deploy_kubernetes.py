@@ -241,8 +241,8 @@ def test_made_secrets_let_the_agents_and_the_cli_in(rendered: list[dict[str, Any
                                                     secrets_dir: Path) -> None:
     """The control plane's own parsers accept what make-secrets.sh made, and an engine pod's agent
     with its token, its pod name as replica id and a pod IP is let in by the manifests' settings."""
-    from controlplane.auth import parse_tokens
-    from controlplane.telemetry_auth import AllowedNetworks, authorize, identify, parse_credentials
+    from tidegate.controlplane.auth import parse_tokens
+    from tidegate.controlplane.telemetry_auth import AllowedNetworks, authorize, identify, parse_credentials
 
     tokens = parse_tokens(_secret_file(secrets, "tidegate-admin-tokens", "tokens.csv").decode())
     operator = (secrets_dir / "operator.token").read_text()

@@ -37,16 +37,17 @@ def _registries() -> Iterator[tuple[str, CollectorRegistry]]:
     import random
     import time
 
-    from agent.metrics import AgentMetrics
-    from controlplane.metrics import Metrics
-    from controlplane.slo import ScaleReporter
-    from router.admission import AdmissionMetrics
-    from router.inflight import InflightCounter
-    from router.metrics import RouterMetrics
-    from router.tables import RoutingTables
-    from simulator.engine import Engine
-    from simulator.metrics import FLAVORS, SimMetrics
-    from simulator.profiles import get_profile
+    from tidegate.agent.metrics import AgentMetrics
+    from tidegate.controlplane.metrics import Metrics
+    from tidegate.controlplane.slo import ScaleReporter
+    from tidegate.router.admission import AdmissionMetrics
+    from tidegate.router.inflight import InflightCounter
+    from tidegate.router.metrics import RouterMetrics
+    from tidegate.router.tables import RoutingTables
+    from tidegate.simulator.engine import Engine
+    from tidegate.simulator.metrics import FLAVORS, SimMetrics
+    from tidegate.simulator.profiles import get_profile
+
     from tidegate.store.memory import InMemoryStore
 
     router = RouterMetrics(RoutingTables(), InflightCounter(), wall=time.time)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tidegate.router.main import RouterConfig
 
-from router.main import RouterConfig
 from tidegate.config import ConfigError, load
 
 

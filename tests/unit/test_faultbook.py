@@ -4,9 +4,9 @@ fake clocks)."""
 from __future__ import annotations
 
 from test_fleet_state import FakeClock, hello, report  # type: ignore[import-not-found]
+from tidegate.controlplane.faultbook import FaultBook, from_record, persisted, to_record
+from tidegate.controlplane.fleet import FleetState
 
-from controlplane.faultbook import FaultBook, from_record, persisted, to_record
-from controlplane.fleet import FleetState
 from tidegate import keys
 from tidegate.policy.faults import FaultPolicyConfig, FaultState
 from tidegate.policy.weights import WeightPolicyConfig, decide

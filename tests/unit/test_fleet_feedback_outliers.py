@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from controlplane.fleet import FleetState
+from tidegate.controlplane.fleet import FleetState
+
 from tidegate.policy.outliers import OutlierConfig
 from tidegate.policy.weights import WeightPolicyConfig, decide
 from tidegate.v1 import records_pb2, telemetry_pb2

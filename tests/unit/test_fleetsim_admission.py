@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from fleetsim import results, workload
-from fleetsim.sim import SimConfig, Simulation
-from simulator.profiles import get_profile
+from tidegate.fleetsim import results, workload
+from tidegate.fleetsim.sim import SimConfig, Simulation
+from tidegate.simulator.profiles import get_profile
+
 from tidegate.policy import registry
 from tidegate.policy.admission import REASONS, AdmissionConfig, ClassLimits
 

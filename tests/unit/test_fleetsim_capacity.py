@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from fleetsim import capacity, workload
-from fleetsim.main import aggregate_capacity
-from simulator.profiles import get_profile
+from tidegate.fleetsim import capacity, workload
+from tidegate.fleetsim.main import aggregate_capacity
+from tidegate.simulator.profiles import get_profile
 
 H100 = get_profile("llama3-8b-h100")
 TINY = get_profile("tiny-h100")

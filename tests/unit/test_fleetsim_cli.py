@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from fleetsim import main as simulate
-from simulator.profiles import get_profile
+from tidegate.fleetsim import main as simulate
+from tidegate.simulator.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,7 +88,7 @@ def test_fleet_profiles():
 
 
 def test_plot_without_matplotlib_says_what_to_install(monkeypatch):
-    from fleetsim import plot
+    from tidegate.fleetsim import plot
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(plot.PlotUnavailableError, match=r"pip install 'tidegate\[plot\]'"):

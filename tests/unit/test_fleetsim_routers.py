@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from tidegate.controlplane.publisher import routing_key
+from tidegate.fleetsim import results, workload
+from tidegate.fleetsim.sim import CLIENT_ERROR, SimConfig, Simulation, servable, session_router
+from tidegate.simulator.profiles import get_profile
 
-from controlplane.publisher import routing_key
-from fleetsim import results, workload
-from fleetsim.sim import CLIENT_ERROR, SimConfig, Simulation, servable, session_router
-from simulator.profiles import get_profile
 from tidegate.policy import registry
 from tidegate.v1 import records_pb2
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from tidegate.agent.histograms import HistogramWindow
+from tidegate.fleetsim import results, workload
+from tidegate.fleetsim.agent import CumulativeHistogram, RollingWindow
+from tidegate.fleetsim.sim import SimConfig, Simulation
+from tidegate.simulator.profiles import get_profile
 
-from agent.histograms import HistogramWindow
-from fleetsim import results, workload
-from fleetsim.agent import CumulativeHistogram, RollingWindow
-from fleetsim.sim import SimConfig, Simulation
-from simulator.profiles import get_profile
 from tidegate.policy import registry
 from tidegate.policy.registry import RouteInfo
 from tidegate.v1 import records_pb2

@@ -7,9 +7,9 @@ import statistics
 from pathlib import Path
 
 import pytest
+from tidegate.fleetsim import workload
+from tidegate.fleetsim.workload import SimRequest, SyntheticSpec
 
-from fleetsim import workload
-from fleetsim.workload import SimRequest, SyntheticSpec
 from tidegate.fleet.traces import TraceError
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from controlplane.auth import parse_tokens
+from tidegate.controlplane.auth import parse_tokens
+
 from tidegate.fleet.up import write_tokens
 
 

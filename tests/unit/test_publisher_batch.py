@@ -3,7 +3,8 @@ unpublished (and is retried next time) without holding back the others."""
 
 from __future__ import annotations
 
-from controlplane.publisher import TablePublisher
+from tidegate.controlplane.publisher import TablePublisher
+
 from tidegate import keys
 from tidegate.errors import StoreError
 from tidegate.store.api import Fence

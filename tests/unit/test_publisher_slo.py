@@ -3,7 +3,8 @@ a changed target is a routing change; nothing is written before the SLOs were re
 
 from __future__ import annotations
 
-from controlplane.publisher import TablePublisher
+from tidegate.controlplane.publisher import TablePublisher
+
 from tidegate import codec, keys
 from tidegate.store.api import Fence
 from tidegate.store.memory import InMemoryStore

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 from prometheus_client import CollectorRegistry
+from tidegate.router.admission import POLL_S, AdmissionMetrics, Admitted, Gate, Rejected, rejection_response
 
-from router.admission import POLL_S, AdmissionMetrics, Admitted, Gate, Rejected, rejection_response
 from tidegate.policy.admission import AdmissionConfig, ClassLimits
 from tidegate.policy.predict import Prediction
 from tidegate.policy.registry import PoolSnapshot, RouteInfo, SloTargets

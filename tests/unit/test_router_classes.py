@@ -9,9 +9,9 @@ import random
 import pytest
 from multidict import CIMultiDict
 from test_router_proxy import CHAT, Engine, Router, engines  # noqa: F401  (engines is a fixture)
+from tidegate.router.reqclass import PRIORITY_HEADER, BadHeader, classify
+from tidegate.router.tables import RoutingTables
 
-from router.reqclass import PRIORITY_HEADER, BadHeader, classify
-from router.tables import RoutingTables
 from tidegate import codec, keys
 from tidegate.policy import registry
 from tidegate.policy.deadlines import TPOT_HEADER, TTFT_HEADER

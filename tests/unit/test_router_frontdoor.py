@@ -6,8 +6,7 @@ import json
 import logging
 
 import pytest
-
-from router.frontdoor import (
+from tidegate.router.frontdoor import (
     BUSY_RESPONSE,
     EVICT_SCAN,
     HEADER_TIMEOUT_RESPONSE,
@@ -15,8 +14,8 @@ from router.frontdoor import (
     RateLimitFilter,
     fd_budget,
 )
-from router.ratelog import MAX_KEYS, OVERFLOW_KEY, LogRateLimiter
-from router.refusals import ConnectRefusals
+from tidegate.router.ratelog import MAX_KEYS, OVERFLOW_KEY, LogRateLimiter
+from tidegate.router.refusals import ConnectRefusals
 
 
 class FakeClock:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import structlog
+from tidegate.router.tables import PoolTable, RoutingTables, is_suspect
 
-from router.tables import PoolTable, RoutingTables, is_suspect
 from tidegate import codec, keys
 from tidegate.policy.registry import RouteInfo
 from tidegate.store.api import KeyValue

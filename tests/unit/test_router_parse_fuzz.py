@@ -8,8 +8,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from router.parse import (
+from tidegate.router.parse import (
     CHAT_PATH,
     COMPLETIONS_PATH,
     DEFAULT_MAX_JSON_DEPTH,
@@ -18,6 +17,7 @@ from router.parse import (
     parse_request,
     request_prefix_hashes,
 )
+
 from tidegate.errors import RequestError
 
 PATHS = st.sampled_from([CHAT_PATH, COMPLETIONS_PATH])

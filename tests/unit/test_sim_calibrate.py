@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from simulator import calibrate
-from simulator.profiles import get_profile
+from tidegate.simulator import calibrate
+from tidegate.simulator.profiles import get_profile
 
 REPO = Path(__file__).resolve().parents[2]
 

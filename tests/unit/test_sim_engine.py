@@ -7,9 +7,9 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tidegate.simulator.engine import Engine, Status
+from tidegate.simulator.profiles import get_profile
 
-from simulator.engine import Engine, Status
-from simulator.profiles import get_profile
 from tidegate.errors import PromptTooLargeError, RequestError
 
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from simulator.engine import EngineStats
-from simulator.faults import (
+from tidegate.simulator.engine import EngineStats
+from tidegate.simulator.faults import (
     H100,
     H200,
     LOST_ERROR,
@@ -19,7 +18,7 @@ from simulator.faults import (
     layout_for,
     parse_fault,
 )
-from simulator.profiles import get_profile
+from tidegate.simulator.profiles import get_profile
 
 
 def stats(used_blocks: int = 0) -> EngineStats:

@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tidegate.simulator.engine import Engine, RequestEvent, Status
+from tidegate.simulator.profiles import get_profile
 
-from simulator.engine import Engine, RequestEvent, Status
-from simulator.profiles import get_profile
 from tidegate.errors import RequestError
 
 

@@ -7,8 +7,7 @@ import io
 from importlib import resources
 
 import pytest
-
-from simulator.profiles import ProfileError, get_profile, load_profiles, parse_profiles
+from tidegate.simulator.profiles import ProfileError, get_profile, load_profiles, parse_profiles
 
 
 def test_required_profiles_exist_with_expected_capacity():

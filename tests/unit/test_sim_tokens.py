@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 import pytest
-
-from simulator.tokens import count_chat_tokens, count_completion_prompt_tokens, count_prompt_tokens
+from tidegate.simulator.tokens import count_chat_tokens, count_completion_prompt_tokens, count_prompt_tokens
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,10 @@ import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from simulator.engine import Engine
-from simulator.profiles import get_profile
-from simulator.server import create_app
-from simulator.validate import SamplingError, check_sampling
+from tidegate.simulator.engine import Engine
+from tidegate.simulator.profiles import get_profile
+from tidegate.simulator.server import create_app
+from tidegate.simulator.validate import SamplingError, check_sampling
 
 MODEL = "m"
 

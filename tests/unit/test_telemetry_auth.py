@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-
-from controlplane.telemetry_auth import (
+from tidegate.controlplane.telemetry_auth import (
     ANONYMOUS,
     AgentIdentity,
     AllowedNetworks,
@@ -23,6 +22,7 @@ from controlplane.telemetry_auth import (
     parse_credentials,
     token_digest,
 )
+
 from tidegate.config import ConfigError
 from tidegate.errors import PermissionDeniedError, ReplicaHeldError, UnauthenticatedError
 from tidegate.fleet.up import write_agent_credentials

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import structlog
 from test_fleet_state import FakeClock, hello, report  # type: ignore[import-not-found]
+from tidegate.controlplane.fleet import FleetState
+from tidegate.controlplane.publisher import TablePublisher
+from tidegate.controlplane.term import Term
 
-from controlplane.fleet import FleetState
-from controlplane.publisher import TablePublisher
-from controlplane.term import Term
 from tidegate import codec, keys
 from tidegate.policy.continuity import ContinuityConfig
 from tidegate.policy.weights import WeightPolicyConfig

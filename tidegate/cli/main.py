@@ -12,15 +12,17 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "controlplane": ("controlplane.main",
+    "controlplane": ("tidegate.controlplane.main",
                      "Run a control-plane instance (telemetry ingest, weights, etcd publisher, admin API)."),
-    "agent": ("agent.main", "Run the sidecar agent of one engine replica (NVML + engine metrics -> control plane)."),
-    "router": ("router.main", "Run an OpenAI-compatible router (front door) that routes by the tables in etcd."),
-    "sim": ("simulator.main", "Run the engine simulator: one simulated vLLM replica (HTTP API + /metrics)."),
+    "agent": ("tidegate.agent.main",
+              "Run the sidecar agent of one engine replica (NVML + engine metrics -> control plane)."),
+    "router": ("tidegate.router.main",
+               "Run an OpenAI-compatible router (front door) that routes by the tables in etcd."),
+    "sim": ("tidegate.simulator.main", "Run the engine simulator: one simulated vLLM replica (HTTP API + /metrics)."),
     "up": ("tidegate.fleet.up",
            "Start a complete local fleet: etcd, control plane, simulated replicas with agents, router."),
     "demo": ("tidegate.fleet.demo", "Start a local fleet, replay a real trace through the router, print a report."),
-    "simulate": ("fleetsim.main",
+    "simulate": ("tidegate.fleetsim.main",
                  "Simulate a whole fleet on a virtual clock (real weight and router policy code); compare policies."),
     "get": ("tidegate.ops.commands.get", "List replicas or pools (tables, or -o json)."),
     "describe": ("tidegate.ops.commands.describe", "Show everything known about one replica."),

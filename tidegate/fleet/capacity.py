@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from simulator.profiles import Profile
 from tidegate.fleet.traces import TraceRequest
+from tidegate.simulator.profiles import Profile
 
 
 @dataclass(frozen=True)

@@ -45,16 +45,16 @@ import aiohttp
 import structlog
 from pydantic import Field, field_validator
 
-from agent.normalize import TelemetryParseError, parse_metrics
-from fleetsim.workload import parse_class_mix  # the simulator's --class-mix, so both read one syntax
-from simulator.profiles import ProfileError, get_profile
 from tidegate import logs
+from tidegate.agent.normalize import TelemetryParseError, parse_metrics
 from tidegate.config import ConfigError, add_flags, load
 from tidegate.fleet import capacity, loadgen, report, traces, ttft_chart
 from tidegate.fleet import endpoints as endpoints_file
 from tidegate.fleet.procs import ChildStartError, tidegate_argv
 from tidegate.fleet.up import Fleet, UpConfig, _Stop, install_stop_signals
+from tidegate.fleetsim.workload import parse_class_mix  # the simulator's --class-mix, so both read one syntax
 from tidegate.policy import registry
+from tidegate.simulator.profiles import ProfileError, get_profile
 
 log = structlog.get_logger(__name__)
 
