@@ -23,10 +23,10 @@ import structlog
 from google.protobuf.timestamp_pb2 import Timestamp
 from tidegate.agent.histograms import HistogramWindow, LatencyWindow
 from tidegate.agent.metrics import AgentMetrics
-from tidegate.agent.normalize import EngineSample, TelemetryParseError, parse_metrics
 from tidegate.agent.nvml import GpuTelemetry
 from tidegate.agent.rates import counter_rate, work_deltas
 
+from tidegate.engine_metrics import EngineSample, TelemetryParseError, parse_metrics
 from tidegate.v1 import telemetry_pb2
 
 log = structlog.get_logger(__name__)

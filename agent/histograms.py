@@ -19,7 +19,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from tidegate.agent.normalize import Buckets
+from tidegate.engine_metrics import Buckets
 
 
 @dataclass(frozen=True)

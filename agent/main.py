@@ -20,7 +20,6 @@ from prometheus_client import start_http_server
 from pydantic import Field, field_validator
 from tidegate.agent.collector import Collector
 from tidegate.agent.metrics import AgentMetrics
-from tidegate.agent.normalize import DIALECTS
 from tidegate.agent.nvml import NvmlReader
 from tidegate.agent.simgpu import SimulatedGpuReader
 from tidegate.agent.stream import HelloInfo, StreamClient
@@ -28,6 +27,7 @@ from tidegate.agent.stream import HelloInfo, StreamClient
 import tidegate.config
 import tidegate.logs
 from tidegate.config import ConfigBase, ConfigError, parse_endpoints
+from tidegate.engine_metrics import DIALECTS
 
 log = structlog.get_logger(__name__)
 

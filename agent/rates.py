@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tidegate.agent.normalize import EngineSample
+from tidegate.engine_metrics import EngineSample
 
 
 def counter_rate(prev: float | None, now: float | None, dt_s: float) -> float:

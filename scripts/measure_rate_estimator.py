@@ -3,7 +3,7 @@
 One simulated replica replays a trace (arrivals scaled to `--loads` times the replica's estimated
 capacity, tidegate.fleet.capacity). The engine runs step by step; every `--interval` seconds of
 engine time its /metrics text (simulator.metrics, vLLM V1 names) goes through the agent's real
-path (agent.normalize.parse_metrics, agent.rates.work_deltas) into one EngineWork window, which
+path (tidegate.engine_metrics.parse_metrics, agent.rates.work_deltas) into one EngineWork window, which
 tidegate.policy.rates.RateEstimator folds in, starting from the generic prior (or the profile's
 figures with `--seeded`). After `--warmup` seconds, the steps of each window are predicted with
 the rates published at the window's start (out of sample) and compared with their true durations
@@ -26,12 +26,12 @@ import argparse
 import statistics
 from pathlib import Path
 
-from tidegate.agent.normalize import parse_metrics
 from tidegate.agent.rates import work_deltas
 from tidegate.simulator.engine import Engine
 from tidegate.simulator.metrics import SimMetrics
 from tidegate.simulator.profiles import Profile, get_profile
 
+from tidegate.engine_metrics import parse_metrics
 from tidegate.fleet.capacity import estimate
 from tidegate.fleet.traces import TraceRequest, load
 from tidegate.policy.rates import EngineRates, RateEstimator, WorkWindow

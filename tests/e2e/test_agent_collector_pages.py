@@ -16,7 +16,8 @@ import pytest
 from aiohttp import web
 from tidegate.agent.collector import Collector
 from tidegate.agent.histograms import summarize
-from tidegate.agent.normalize import parse_metrics
+
+from tidegate.engine_metrics import parse_metrics
 
 pytestmark = pytest.mark.e2e
 

@@ -310,8 +310,8 @@ SGLANG_NAMES = {
 
 @pytest.mark.parametrize("flavor", ["vllm", "vllm-v0", "sglang"])
 async def test_agent_parser_reads_every_flavor(flavor):
-    """The agent's adapter (agent.normalize.parse_metrics) on the sim's real /metrics, under load."""
-    from tidegate.agent.normalize import TelemetryParseError, parse_metrics
+    """The agent's adapter (tidegate.engine_metrics.parse_metrics) on the sim's real /metrics, under load."""
+    from tidegate.engine_metrics import TelemetryParseError, parse_metrics
 
     runner, app, base = await start(speedup=20.0, flavor=flavor)
     sim = app[SIM_KEY]

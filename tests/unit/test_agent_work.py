@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (metric fixture lines are copied whole from real engines)
-"""The rate estimator's signals: agent.normalize reads them per engine dialect, agent.rates turns
+"""The rate estimator's signals: tidegate.engine_metrics reads them per engine dialect, agent.rates turns
 two scrapes into one EngineWork window."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from tidegate.agent.normalize import EngineSample, parse_metrics
 from tidegate.agent.rates import work_deltas
+
+from tidegate.engine_metrics import EngineSample, parse_metrics
 
 VLLM_V1 = """\
 # TYPE vllm:num_requests_running gauge

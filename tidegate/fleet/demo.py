@@ -46,8 +46,8 @@ import structlog
 from pydantic import Field, field_validator
 
 from tidegate import logs
-from tidegate.agent.normalize import TelemetryParseError, parse_metrics
 from tidegate.config import ConfigError, add_flags, load
+from tidegate.engine_metrics import TelemetryParseError, parse_metrics
 from tidegate.fleet import capacity, loadgen, report, traces, ttft_chart
 from tidegate.fleet import endpoints as endpoints_file
 from tidegate.fleet.procs import ChildStartError, tidegate_argv

@@ -1,4 +1,4 @@
-"""agent.normalize on real engines' /metrics pages (tests/fixtures/metrics, sources in its README)."""
+"""tidegate.engine_metrics on real engines' /metrics pages (tests/fixtures/metrics, sources in its README)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 from tidegate.agent.histograms import summarize
-from tidegate.agent.normalize import DIALECTS, TelemetryParseError, parse_metrics
 from tidegate.agent.rates import work_deltas
+
+from tidegate.engine_metrics import DIALECTS, TelemetryParseError, parse_metrics
 
 PAGES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 

@@ -50,6 +50,9 @@ Several label sets (vLLM V1 data-parallel `engine="0"`, `engine="1"`, ...) are s
 the KV usage fraction, which is averaged (a sum of fractions is meaningless). When a model name
 is given, samples whose `model_name` (or SGLang's older `name`) label names another model are
 dropped; samples without such a label (e.g. vllm:cache_config_info) are kept.
+
+It lives in the shared core, not in the agent, because the agent, the fleet simulator and the
+demo all read engine pages by these rules (layering: pyproject.toml [tool.importlinter]).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 # ruff: noqa: E501  (metric fixture lines are copied whole from real engines)
-"""agent.normalize: engine metric text -> EngineSample, per engine dialect."""
+"""tidegate.engine_metrics: engine metric text -> EngineSample, per engine dialect."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from tidegate.agent.normalize import EngineSample, TelemetryParseError, parse_metrics
 
+from tidegate.engine_metrics import EngineSample, TelemetryParseError, parse_metrics
 from tidegate.errors import TidegateError
 
 VLLM_V1 = """\
