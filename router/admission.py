@@ -12,11 +12,18 @@ A pump hands out one dispatch at a time: the next prediction must see the last o
 which happens when its handler has called the policy's `on_dispatch` (`Gate.sent`). A client
 that disconnects while held cancels its handler, which takes it out of the queue at once:
 nothing reaches an engine.
+
+This router's share of the pool's admission budget (router/admission_budgets.py) is part of the
+dispatch decision: a request the share has no room for waits in its class queue (its deadline
+and max wait still apply) and takes its part of the share only when it is dispatched
+(`Admitted.hold`, released by the proxy when the request ends). Held requests count in the
+demand this router reports for the pool.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 from collections.abc import Callable
@@ -27,6 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from tidegate.router.parse import error_body
 
 from tidegate.policy import admission as adm
+from tidegate.policy.admission_budget import Hold, RouterBudget, Tokens
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, SloTargets
 
 REASON_HEADER = "x-tidegate-reject-reason"
@@ -60,6 +68,7 @@ class AdmissionMetrics:
 class Admitted:
     closed: frozenset[str]          # replicas the pick must not choose (over their prefill budget)
     held: bool = False              # it was held: call Gate.sent once it is sent (or abandoned)
+    hold: Hold | None = None        # its part of this router's budget share: release() when it ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +92,8 @@ class _Waiter:
     snapshot: Callable[[SloTargets | None], PoolSnapshot]
     cls: str
     since: float
+    budget: RouterBudget | None
+    tokens: Tokens
 
 
 class _Pool:
@@ -122,35 +133,39 @@ class Gate:
         p = self._pools.get(pool)
         return p.queue.lengths() if p is not None else {}
 
-    def _placement(self, p: _Pool, snapshot: PoolSnapshot, request: RequestFeatures) -> adm.Placement:
+    def _placement(self, p: _Pool, snapshot: PoolSnapshot, request: RequestFeatures, cls: str,
+                   budget: RouterBudget | None) -> adm.Placement:
         preds = p.policy.predictions(snapshot, request)  # type: ignore[attr-defined]
-        return adm.placement(preds, self.cfg.tpot_guard, snapshot.slo.tpot_s if snapshot.slo else None)
+        room = budget is None or budget.allows(cls, request.prompt_tokens, request.max_tokens or 0)
+        return adm.placement(preds, self.cfg.tpot_guard, snapshot.slo.tpot_s if snapshot.slo else None, room)
 
     async def admit(self, pool: str, policy: object, request: RequestFeatures, cls: str, slo: SloTargets,
-                    arrival_s: float, snapshot: Callable[[SloTargets | None], PoolSnapshot]) -> Admitted | Rejected:
-        """`snapshot(slo)` builds the pool's current snapshot (fresh each call: table, in-flight).
+                    arrival_s: float, snapshot: Callable[[SloTargets | None], PoolSnapshot],
+                    budget: RouterBudget | None = None) -> Admitted | Rejected:
+        """`snapshot(slo)` builds the pool's current snapshot (fresh each call: table, in-flight);
+        `budget`: this router's share of the pool's admission budget (None: no budget).
         Returns at once unless the request is held; cancelled (client gone) -> out of the queue."""
         p = self._pool(pool, policy)
         snap = snapshot(slo)
         if not snap.candidates():
             return Admitted(frozenset())  # the pick answers 503: no routable replica
-        place = self._placement(p, snap, request)
+        place = self._placement(p, snap, request, cls, budget)
+        tokens = Tokens.request(request.prompt_tokens, request.max_tokens or 0)
         key = next(self._keys)
         d = p.queue.arrive(key, cls, self._clock(), arrival_s + slo.ttft_s, place)
         if d.action == adm.DISPATCH and not p.busy:
-            return self._admitted(snap, d)
+            return self._admitted(snap, d, budget, tokens)
         if d.action == adm.REJECT:
-            self._metrics.rejected.labels(pool, cls, d.reason).inc()
-            return Rejected(d.reason, d.retry_after_s)
+            return self._rejected(pool, cls, d, budget, tokens)
         if d.action == adm.DISPATCH:  # a held request is being sent right now: go after it
             d = p.queue.arrive(key, cls, self._clock(), arrival_s + slo.ttft_s,
-                               adm.Placement(place.ttft_s, frozenset(), place.open_ttft_s, place.prefill_tps,
-                                             place.prefill_tokens))
+                               dataclasses.replace(place, open=frozenset()))
             if d.action == adm.REJECT:
-                self._metrics.rejected.labels(pool, cls, d.reason).inc()
-                return Rejected(d.reason, d.retry_after_s)
+                return self._rejected(pool, cls, d, budget, tokens)
         fut: asyncio.Future[adm.Decision] = asyncio.get_running_loop().create_future()
-        p.waiters[key] = _Waiter(fut, request, slo, snapshot, cls, self._clock())
+        p.waiters[key] = _Waiter(fut, request, slo, snapshot, cls, self._clock(), budget, tokens)
+        if budget is not None:
+            budget.queued += tokens
         self._metrics.held.labels(pool, cls).inc()
         self._metrics.queued.labels(pool, cls).inc()
         self._arm(p)
@@ -166,13 +181,24 @@ class Gate:
             raise
         if d.action == adm.REJECT:
             return Rejected(d.reason, d.retry_after_s)
-        return self._admitted(snapshot(slo), d, held=True)
+        return self._admitted(snapshot(slo), d, budget, tokens, held=True)
+
+    def _rejected(self, pool: str, cls: str, d: adm.Decision, budget: RouterBudget | None,
+                  tokens: Tokens) -> Rejected:
+        self._metrics.rejected.labels(pool, cls, d.reason).inc()
+        if budget is not None:  # it wanted in: the next demand report says so
+            budget.refused_tokens(tokens)
+        return Rejected(d.reason, d.retry_after_s)
 
     @staticmethod
-    def _admitted(snap: PoolSnapshot, d: adm.Decision, held: bool = False) -> Admitted:
-        return Admitted(frozenset(e.replica_id for e in snap.entries if e.replica_id not in d.open), held)
+    def _admitted(snap: PoolSnapshot, d: adm.Decision, budget: RouterBudget | None, tokens: Tokens,
+                  held: bool = False) -> Admitted:
+        return Admitted(frozenset(e.replica_id for e in snap.entries if e.replica_id not in d.open), held,
+                        budget.acquire_tokens(tokens) if budget is not None else None)
 
     def _left(self, p: _Pool, w: _Waiter, outcome: str) -> None:
+        if w.budget is not None:
+            w.budget.queued -= w.tokens
         self._metrics.queued.labels(p.name, w.cls).dec()
         self._metrics.wait.labels(p.name, w.cls, outcome).observe(max(0.0, self._clock() - w.since))
 
@@ -191,7 +217,7 @@ class Gate:
 
         def predict(h: adm.Held) -> adm.Placement:
             w = p.waiters[h.key]  # type: ignore[index]
-            return self._placement(p, w.snapshot(w.slo), w.request)
+            return self._placement(p, w.snapshot(w.slo), w.request, w.cls, w.budget)
 
         def dispatch(h: adm.Held, d: adm.Decision) -> None:
             w = p.waiters.pop(h.key)  # type: ignore[call-overload]

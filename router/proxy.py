@@ -224,30 +224,32 @@ class Proxy:
         self._budget.on_request()
         if getattr(self._policy(table.pool), "uses_prefix_hashes", False):
             features = dataclasses.replace(features, prefix_hashes=request_prefix_hashes(request.path, payload))
-        if self.admission_budgets is None:
-            return await self._route(request, body, table, features, t0, rclass)
-        pool_budget = self.admission_budgets.get(table.pool)
-        max_tokens = features.max_tokens or 0
-        if not pool_budget.allows(rclass.name, features.prompt_tokens, max_tokens):
-            pool_budget.refused(features.prompt_tokens, max_tokens)
-            return json_error(429, f"this router's share of the admission budget of {table.pool!r} is in use",
-                              "rate_limit_exceeded", code=BUDGET_EXHAUSTED,
-                              headers={"Retry-After": "1", REJECT_HEADER: BUDGET_EXHAUSTED})
-        hold = request[_HOLD] = pool_budget.acquire(features.prompt_tokens, max_tokens)
-        try:
-            return await self._route(request, body, table, features, t0, rclass)
-        finally:
-            hold.release()
+        return await self._route(request, body, table, features, t0, rclass)
 
     async def _route(self, request: web.Request, body: bytes, table: PoolTable, features: RequestFeatures,
                      t0: float, rclass: RequestClass) -> web.StreamResponse:
-        """Admission (dispatch now, hold, or 429), then the pick and the attempts (`_send`)."""
+        """Admission (dispatch now, hold, or 429; this router's budget share is part of it), then
+        the pick and the attempts (`_send`)."""
         policy = self._policy(table.pool)
         req = registry.RequestFeatures(prompt_tokens=features.prompt_tokens, max_tokens=features.max_tokens,
                                        prefix_hashes=features.prefix_hashes, priority=rclass.priority)
+        budget = self.admission_budgets.get(table.pool) if self.admission_budgets is not None else None
         gate = self.gate
         if gate is None or not gate.applies(policy):
-            return await self._send(request, body, table, features, t0, rclass, policy, req)
+            if budget is None:
+                return await self._send(request, body, table, features, t0, rclass, policy, req)
+            # No queue to wait in: a request the share has no room for is refused at once.
+            max_tokens = features.max_tokens or 0
+            if not budget.allows(rclass.name, features.prompt_tokens, max_tokens):
+                budget.refused(features.prompt_tokens, max_tokens)
+                return json_error(429, f"this router's share of the admission budget of {table.pool!r} is in use",
+                                  "rate_limit_exceeded", code=BUDGET_EXHAUSTED,
+                                  headers={"Retry-After": "1", REJECT_HEADER: BUDGET_EXHAUSTED})
+            hold = request[_HOLD] = budget.acquire(features.prompt_tokens, max_tokens)
+            try:
+                return await self._send(request, body, table, features, t0, rclass, policy, req)
+            finally:
+                hold.release()
         pool = table.pool
         avoid = self._refusals.avoided()
 
@@ -255,9 +257,12 @@ class Proxy:
             current = self._tables.get(pool) or table
             return registry.PoolSnapshot(current.entries, self._inflight.snapshot(), avoid, slo=slo)
 
-        outcome = await gate.admit(pool, policy, req, rclass.name, rclass.slo or registry.SloTargets(), t0, snapshot)
+        outcome = await gate.admit(pool, policy, req, rclass.name, rclass.slo or registry.SloTargets(), t0, snapshot,
+                                   budget)
         if isinstance(outcome, Rejected):
             return rejection_response(pool, outcome)
+        if outcome.hold is not None:
+            request[_HOLD] = outcome.hold
         sent = [not outcome.held]
 
         def on_sent() -> None:  # exactly once per held request: the queue hands out the next one
@@ -270,6 +275,9 @@ class Proxy:
                                     req, outcome.closed, on_sent)
         finally:
             on_sent()
+            if outcome.hold is not None:  # its share is free again: a request held for it may go
+                outcome.hold.release()
+                self._wake(pool)
 
     def _wake(self, pool: str) -> None:
         if self.gate is not None:

@@ -28,8 +28,8 @@ OPEN = frozenset({"r0"})
 
 
 def place(ttft: float = 0.5, open_: frozenset[str] = OPEN, open_ttft: float | None = None, tps: float = 10_000.0,
-          tokens: float = 1000.0) -> Placement:
-    return Placement(ttft, open_, ttft if open_ttft is None else open_ttft, tps, tokens)
+          tokens: float = 1000.0, budget: bool = True) -> Placement:
+    return Placement(ttft, open_, ttft if open_ttft is None else open_ttft, tps, tokens, budget)
 
 
 def cfg(queue: int = 8, wait: float = 30.0, guard: bool = True) -> AdmissionConfig:
@@ -58,6 +58,10 @@ def held(q: AdmissionQueue, cls: str, key: str, tokens: float = 1000.0, now: flo
     ("queue of its class full", [("sheddable", 10)] * 2, "sheddable", place(0.5), REJECT, QUEUE_FULL),
     ("another class's full queue does not matter", [("sheddable", 10)] * 2, "critical", place(0.5), DISPATCH, ""),
     ("nothing can serve it", [], "critical", placement([]), REJECT, DEADLINE_UNMEETABLE),
+    ("over the router's budget share: waits in its queue", [], "standard", place(0.5, budget=False), HOLD, ""),
+    ("over the share, class queue full: queue_full", [("sheddable", 10)] * 2, "sheddable",
+     place(0.5, budget=False), REJECT, QUEUE_FULL),
+    ("over the share and too slow anyway", [], "critical", place(2.5, budget=False), REJECT, DEADLINE_UNMEETABLE),
 ])
 def test_arrival(case: str, setup: list, cls: str, p: Placement, action: str, reason: str) -> None:
     q = AdmissionQueue(cfg(queue=2))
@@ -81,6 +85,21 @@ def test_higher_class_arrivals_that_take_the_drain_shed_a_lower_class_at_once() 
     assert q.arrive("c", "critical", 0.0, 2.0, closed).action == HOLD
     # long after the burst the rate has decayed: a sheddable request may wait again
     assert q.arrive("s2", "sheddable", 30.0, 32.0, closed).action == HOLD
+
+
+def test_a_request_over_budget_is_not_overtaken_by_its_own_class_and_goes_when_the_share_frees() -> None:
+    q = AdmissionQueue(cfg())
+    assert q.arrive("a", "standard", 0.0, 2.0, place(0.2, budget=False)).action == HOLD
+    # the next standard request fits the share but queues behind the one ahead (FIFO in a class)
+    assert q.arrive("b", "standard", 0.0, 2.0, place(0.2)).action == HOLD
+    # a critical one goes past both when the share has room for it
+    assert q.arrive("c", "critical", 0.0, 2.0, place(0.2)).action == DISPATCH
+    sent: list[str] = []
+    budget_free = iter([False, True, True])
+    for _ in range(2):
+        adm.pump(q, 0.1, lambda h: place(0.2, budget=next(budget_free)), lambda h, d: sent.append(h.key),
+                 lambda h, d: pytest.fail("reject"))
+    assert sent == ["a", "b"]
 
 
 def test_zero_length_queue_never_holds() -> None:
@@ -111,6 +130,10 @@ def test_head_goes_in_class_order_then_fifo() -> None:
     ("still no open replica: hold", 0.5, place(0.5, frozenset()), HOLD, ""),
     ("waited until the TTFT cannot fit", 1.8, place(0.5, frozenset()), REJECT, DEADLINE_UNMEETABLE),
     ("past the max wait", 5.0, place(0.1), REJECT, QUEUE_TIMEOUT),
+    ("replica open but the budget share still full: hold", 0.5, place(0.5, budget=False), HOLD, ""),
+    ("budget share still full until the TTFT cannot fit", 1.8, place(0.5, budget=False), REJECT,
+     DEADLINE_UNMEETABLE),
+    ("budget share full past the max wait", 5.0, place(0.1, budget=False), REJECT, QUEUE_TIMEOUT),
 ])
 def test_try_head(case: str, now: float, p: Placement, action: str, reason: str) -> None:
     q = AdmissionQueue(AdmissionConfig({c: ClassLimits(4, 3.0) for c in ("critical", "standard", "sheddable")}))
@@ -195,6 +218,7 @@ STEP = st.tuples(
     st.floats(0.01, 3.0),                      # predicted TTFT
     st.booleans(),                             # a replica open
     st.floats(100.0, 20_000.0),                # prefill tokens
+    st.booleans(),                             # the router's budget share has room
 )
 
 
@@ -204,15 +228,17 @@ def _run(steps: list, queue_len: int, wait: float) -> list[tuple]:
     log: list[tuple] = []
     arrived: dict[str, tuple[str, float]] = {}
     n = 0
-    for kind, cls, dt, ttft, is_open, tokens in steps:
+    for kind, cls, dt, ttft, is_open, tokens, room in steps:
         now += dt
-        p = place(ttft, OPEN if is_open else frozenset(), tokens=tokens)
+        p = place(ttft, OPEN if is_open else frozenset(), tokens=tokens, budget=room)
         if kind == "arrive":
             key = f"k{n}"
             n += 1
             before = q.lengths()[cls]
             d = q.arrive(key, cls, now, now + 2.0, p)
             arrived[key] = (cls, now)
+            # never sent past the router's budget share
+            assert room or d.action != DISPATCH
             log.append((key, d.action, d.reason))
             # never holds past a full queue
             assert q.lengths()[cls] <= queue_len
@@ -225,7 +251,8 @@ def _run(steps: list, queue_len: int, wait: float) -> list[tuple]:
         else:
             dispatched: list[str] = []
 
-            def on_dispatch(h, d, dispatched=dispatched) -> None:  # noqa: ANN001
+            def on_dispatch(h, d, dispatched=dispatched, room=room) -> None:  # noqa: ANN001
+                assert room
                 # class order: nothing of a higher class is still held when a lower one goes
                 assert all(adm.class_rank(o.cls) >= adm.class_rank(h.cls) for o in q.held())
                 dispatched.append(h.key)

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from tidegate.router.admission import POLL_S, AdmissionMetrics, Admitted, Gate, Rejected, rejection_response
 
 from tidegate.policy.admission import AdmissionConfig, ClassLimits
+from tidegate.policy.admission_budget import RouterBudget, Tokens
 from tidegate.policy.predict import Prediction
 from tidegate.policy.registry import PoolSnapshot, RouteInfo, SloTargets
 
@@ -30,8 +31,9 @@ class FakePolicy:
 
 
 class FakeRequest:
-    def __init__(self, prompt_tokens: int) -> None:
+    def __init__(self, prompt_tokens: int, max_tokens: int | None = None) -> None:
         self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
 
 
 def gate(queue: int = 4) -> tuple[Gate, CollectorRegistry, list[float]]:
@@ -108,4 +110,40 @@ async def test_timer_rejects_a_request_whose_deadline_passed() -> None:
     resp = rejection_response("m", out)
     assert resp.status == 429 and resp.headers["x-tidegate-reject-reason"] == "deadline_unmeetable"
     assert int(resp.headers["Retry-After"]) >= 1
+    g.close()
+
+
+async def test_budget_share_is_part_of_the_dispatch_decision() -> None:
+    """A request this router's share has no room for waits in its class queue (not refused, not
+    past the queue), takes its part of the share only when dispatched, and goes when it frees."""
+    g, reg, _ = gate()
+    pol = FakePolicy()
+    budget = RouterBudget()
+    budget.set_share(Tokens(prefill_tokens=1000.0, kv_tokens=1e9, sequences=100.0))
+
+    async def admit_b(cls: str, tokens: int = 600):  # noqa: ANN202
+        return await g.admit("m", pol, FakeRequest(tokens), cls, SLO, 0.0, snapshot, budget)  # type: ignore[arg-type]
+
+    first = await admit_b("standard")
+    assert isinstance(first, Admitted) and first.hold is not None and not first.held
+    assert budget.held.prefill_tokens == 600
+    second = asyncio.create_task(admit_b("critical"))      # 600 + 600 > 1000: over the share
+    await asyncio.sleep(0)
+    assert not second.done() and g.held("m")["critical"] == 1
+    assert budget.held.prefill_tokens == 600 and budget.queued.prefill_tokens == 600
+    assert budget.demand().prefill_tokens == 1200           # held requests count in the demand
+    assert await admit_b("sheddable") == Rejected("queue_full", 1)  # sheddable queue length 0 here
+    g.wake("m")
+    await asyncio.sleep(0)
+    assert not second.done()                               # the share is still in use
+    first.hold.release()
+    g.wake("m")
+    out = await second
+    assert isinstance(out, Admitted) and out.held and out.hold is not None
+    assert budget.held.prefill_tokens == 600 and budget.queued.prefill_tokens == 0
+    g.sent("m")
+    out.hold.release()
+    assert budget.held == Tokens()
+    assert reg.get_sample_value("tidegate_router_admission_rejected_total",
+                                {"model": "m", "priority": "critical", "reason": "queue_full"}) is None
     g.close()

@@ -23,7 +23,8 @@ prefill budget (what one step may carry within the TPOT target: TPOT protection)
     remaining    = deadline - now
 
 On arrival of a request of class c:
-1. nothing of class >= c is queued, `open` not empty and ttft_open <= remaining -> dispatch;
+1. nothing of class >= c is queued, `open` not empty, the router's budget share has room
+   (`within_budget`) and ttft_open <= remaining -> dispatch;
 2. wait(c) + ttft_best > remaining                   -> reject `deadline_unmeetable`;
 3. wait(>=c) + ttft_best > remaining                 -> reject `shed` (higher classes go first);
 4. its class queue holds max_queue[c]                 -> reject `queue_full`;
@@ -33,7 +34,8 @@ While held (`sweep`, then `try_head`, whenever capacity may have freed): past it
 `queue_timeout`; its predicted TTFT from its place (the same wait + its last predicted TTFT) past
 its deadline -> `shed` when it would fit without the higher classes ahead of it, else
 `deadline_unmeetable`. The head (class order, FIFO within a class) is dispatched once a replica
-is open for it and its TTFT there fits the remaining deadline.
+is open for it, the router's budget share has room for it and its TTFT there fits the remaining
+deadline.
 """
 
 from __future__ import annotations
@@ -138,6 +140,10 @@ class Placement:
     open_ttft_s: float              # best predicted TTFT over `open` (inf: none)
     prefill_tps: float              # the pool's drain: prefill tokens/s it takes in within the TPOT target
     prefill_tokens: float           # the request's own uncached prefill where it is best placed
+    # This router's share of the pool's admission budget (admission_budget.RouterBudget.allows)
+    # has room for it now. Part of the dispatch decision, not a gate before the queue: a request
+    # over budget waits in its class queue like one with no open replica.
+    within_budget: bool = True
 
 
 def drain_tps(p: Prediction, tpot_guard: bool, tpot_s: float | None) -> float:
@@ -149,17 +155,20 @@ def drain_tps(p: Prediction, tpot_guard: bool, tpot_s: float | None) -> float:
     return rate
 
 
-def placement(preds: Sequence[Prediction], tpot_guard: bool = True, tpot_s: float | None = None) -> Placement:
+def placement(preds: Sequence[Prediction], tpot_guard: bool = True, tpot_s: float | None = None,
+              within_budget: bool = True) -> Placement:
     """From the pick's predictions on every candidate (an empty list: nothing can serve it);
-    `tpot_s`: the request's TPOT target (the drain under the guard)."""
+    `tpot_s`: the request's TPOT target (the drain under the guard); `within_budget`: whether
+    the router's share of the pool's admission budget has room for the request now."""
     if not preds:
-        return Placement(math.inf, frozenset(), math.inf, 0.0, 0.0)
+        return Placement(math.inf, frozenset(), math.inf, 0.0, 0.0, within_budget)
     best = min(preds, key=lambda p: (p.ttft_s, p.replica_id))
     open_ = [p for p in preds
              if not tpot_guard or p.queued_prefill <= 0 or p.queued_prefill + p.prefill_tokens <= p.prefill_budget]
     return Placement(best.ttft_s, frozenset(p.replica_id for p in open_),
                      min((p.ttft_s for p in open_), default=math.inf),
-                     sum(drain_tps(p, tpot_guard, tpot_s) for p in preds), float(best.prefill_tokens))
+                     sum(drain_tps(p, tpot_guard, tpot_s) for p in preds), float(best.prefill_tokens),
+                     within_budget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +271,7 @@ class AdmissionQueue:
         self._decay(now)
         remaining = deadline_s - now
         before = any(self._q[c] for c in CLASSES[:rank + 1])
-        if not before and place.open and place.open_ttft_s <= remaining:
+        if not before and place.open and place.within_budget and place.open_ttft_s <= remaining:
             self._count(cls, place.prefill_tokens, remaining)
             return Decision(DISPATCH, open=place.open)
         # It waits for the prefill ahead of it and for its own prefill's worth of budget to free.
@@ -325,7 +334,7 @@ class AdmissionQueue:
         remaining = h.deadline_s - now
         if now >= h.expire_s:
             d = Decision(REJECT, QUEUE_TIMEOUT, self._retry_after(place.ttft_s))
-        elif place.open and place.open_ttft_s <= remaining:
+        elif place.open and place.within_budget and place.open_ttft_s <= remaining:
             d = Decision(DISPATCH, open=place.open)
         elif place.ttft_s > remaining:
             d = Decision(REJECT, DEADLINE_UNMEETABLE, self._retry_after(place.ttft_s - remaining))

@@ -27,7 +27,8 @@ router gets more than it asked while another wants more), and what demand leaves
 split evenly. Shares sum to the total exactly; only live routers (a presence key: its lease
 holds) take part, so a router whose lease expired gives its share back on the next tick.
 
-Enforcement (`RouterBudget.allows`): a request of class c is admitted while, on every unit,
+Enforcement (`RouterBudget.allows`, asked by the router's admission queue as part of its dispatch decision,
+tidegate.policy.admission): a request of class c is dispatched while, on every unit,
 held + request <= share * class_fraction[c] (critical 1.0, standard 0.9, sheddable 0.7 by
 default: the lower classes stop first and leave room for the higher). A router holding
 nothing for the pool admits one request whatever its size, so a request larger than a share
@@ -172,6 +173,7 @@ class RouterBudget:
         self.share: Tokens | None = None
         self.class_fraction = dict(class_fraction or DEFAULT_CLASS_FRACTION)
         self.held = Tokens()
+        self.queued = Tokens()     # waiting in this router's admission queue (they want in too)
         self._wanted = Tokens()    # refused since the last demand() call
 
     def set_share(self, share: Tokens | None, class_fraction: Mapping[str, float] | None = None) -> None:
@@ -189,17 +191,23 @@ class RouterBudget:
         return all(a <= s * f + 1e-9 for a, s in zip(after.values(), self.share.values(), strict=True))
 
     def refused(self, prompt_tokens: int, max_tokens: int = 0) -> None:
-        """A request that wanted in and was held or turned away: counts in the next demand."""
-        self._wanted += Tokens.request(prompt_tokens, max_tokens)
+        """A request that wanted in and was turned away: counts in the next demand."""
+        self.refused_tokens(Tokens.request(prompt_tokens, max_tokens))
+
+    def refused_tokens(self, t: Tokens) -> None:
+        self._wanted += t
 
     def acquire(self, prompt_tokens: int, max_tokens: int = 0) -> Hold:
-        t = Tokens.request(prompt_tokens, max_tokens)
+        return self.acquire_tokens(Tokens.request(prompt_tokens, max_tokens))
+
+    def acquire_tokens(self, t: Tokens) -> Hold:
         self.held += t
         return Hold(self, t)
 
     def demand(self) -> Tokens:
-        """What this router wants in flight: held now + refused since the last call (then reset)."""
-        out = (self.held + self._wanted).clean()
+        """What this router wants in flight: held now + queued now + refused since the last call
+        (that part then resets)."""
+        out = (self.held + self.queued + self._wanted).clean()
         self._wanted = Tokens()
         return out
 
