@@ -87,4 +87,6 @@ def test_wheel_installs_under_the_namespace_and_runs_the_demo(tmp_path: Path) ->
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, out[-4000:]
-    assert any(line.startswith("SLO attainment") for line in out.splitlines()), out[-4000:]
+    assert any(line.startswith("SLO ") and "% of requests" in line for line in out.splitlines()), out[-4000:]
+    completed = next(line for line in out.splitlines() if line.startswith("requests "))
+    assert " failed 0 " in completed and " completed 0 " not in completed, completed

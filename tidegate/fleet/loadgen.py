@@ -24,11 +24,40 @@ REJECT_REASON_HEADER = "x-tidegate-reject-reason"
 PRIORITY_HEADER = "x-tidegate-priority"
 # One "token" of filler text; the simulator's documented rule counts it as one token.
 _WORD = "tok "
+# Tokens per prefix hash in traces that carry them (Mooncake's hash_ids stand for 512-token blocks).
+TRACE_HASH_BLOCK_TOKENS = 512
+_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
 
 
-def make_prompt(tokens: int) -> str:
-    """Text that the simulator's token-count rule (ceil(utf-8 bytes / 4)) counts as `tokens`."""
-    return _WORD * max(1, tokens)
+def _word(n: int) -> str:
+    """A 4-byte word (one token by the simulator's rule) naming n modulo 32**3."""
+    return "".join(_ALPHABET[(n >> s) & 31] for s in (10, 5, 0)) + " "
+
+
+def _mark(n: int) -> list[str]:
+    """Two words that name n (up to 2**30): enough to make a block of text unique."""
+    return [_word(n >> 15), _word(n)]
+
+
+def make_prompt(tokens: int, salt: int | None = None, prefix_hashes: tuple[int, ...] = ()) -> str:
+    """Text that the simulator's token-count rule (ceil(utf-8 bytes / 4)) counts as `tokens`.
+
+    Without `salt` every prompt is the same filler, so every prompt shares its prefix with every
+    other one and prefix caches hit on everything. A replay passes a salt per request so that only
+    what the trace says is shared is shared: each of the trace's prefix hashes becomes a
+    512-token block that starts with words naming the hash, and the rest starts with the salt."""
+    tokens = max(1, tokens)
+    if salt is None:
+        return _WORD * tokens
+    words: list[str] = []
+    for h in prefix_hashes:
+        if len(words) >= tokens:
+            break
+        words += _mark(h) + [_WORD] * (TRACE_HASH_BLOCK_TOKENS - 2)
+    words = words[:tokens]
+    if len(words) < tokens:
+        words += _mark(salt)
+    return "".join(words[:tokens]) + _WORD * (tokens - len(words))
 
 
 @dataclass
@@ -43,10 +72,11 @@ class Progress:
 
 
 async def _one(session: aiohttp.ClientSession, url: str, model: str, req: TraceRequest,
-               progress: Progress, timeout_s: float, sent_s: float = 0.0, klass: str = "") -> RequestResult:
+               progress: Progress, timeout_s: float, sent_s: float = 0.0, klass: str = "",
+               seq: int = 0) -> RequestResult:
     body = {
         "model": model,
-        "prompt": make_prompt(req.prompt_tokens),
+        "prompt": make_prompt(req.prompt_tokens, seq, req.prefix_hashes),
         "max_tokens": req.output_tokens,
         "ignore_eos": True,
         "stream": True,
@@ -130,7 +160,7 @@ async def replay(url: str, model: str, trace: Sequence[TraceRequest], *, time_sc
                 progress.sent += 1
                 tasks.append(asyncio.create_task(_one(session, url, model, req, progress, request_timeout_s,
                                                       time.perf_counter() - start,
-                                                      classes[i] if classes is not None else "")))
+                                                      classes[i] if classes is not None else "", i)))
             results = list(await asyncio.gather(*tasks))
         finally:
             tick.cancel()
