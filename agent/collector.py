@@ -21,11 +21,11 @@ from typing import Protocol
 import aiohttp
 import structlog
 from google.protobuf.timestamp_pb2 import Timestamp
+
 from tidegate.agent.histograms import HistogramWindow, LatencyWindow
 from tidegate.agent.metrics import AgentMetrics
 from tidegate.agent.nvml import GpuTelemetry
 from tidegate.agent.rates import counter_rate, work_deltas
-
 from tidegate.engine_metrics import EngineSample, TelemetryParseError, parse_metrics
 from tidegate.v1 import telemetry_pb2
 

@@ -18,14 +18,14 @@ import aiohttp
 import structlog
 from prometheus_client import start_http_server
 from pydantic import Field, field_validator
+
+import tidegate.config
+import tidegate.logs
 from tidegate.agent.collector import Collector
 from tidegate.agent.metrics import AgentMetrics
 from tidegate.agent.nvml import NvmlReader
 from tidegate.agent.simgpu import SimulatedGpuReader
 from tidegate.agent.stream import HelloInfo, StreamClient
-
-import tidegate.config
-import tidegate.logs
 from tidegate.config import ConfigBase, ConfigError, parse_endpoints
 from tidegate.engine_metrics import DIALECTS
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
+
 from tidegate.agent.nvml import GpuStat, GpuTelemetry
 
 _INT_FIELDS = ("memory_total_bytes", "memory_used_bytes", "ecc_uncorrected_volatile", "ecc_corrected_volatile",

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import grpc
 import structlog
-from tidegate.agent.collector import Collector
-from tidegate.agent.metrics import AgentMetrics
 
 import tidegate
+from tidegate.agent.collector import Collector
+from tidegate.agent.metrics import AgentMetrics
 from tidegate.v1 import telemetry_pb2, telemetry_pb2_grpc
 
 log = structlog.get_logger(__name__)

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from tidegate.controlplane.fleet import FleetState
-
 from tidegate.policy.weights import ROUTABLE_STATES, decide
 from tidegate.v1 import admin_pb2, records_pb2, telemetry_pb2
 

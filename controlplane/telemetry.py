@@ -32,12 +32,12 @@ import grpc
 import grpc.aio
 import structlog
 from google.protobuf import timestamp_pb2
+
+from tidegate import codec, keys
 from tidegate.controlplane.auth import bearer_token
 from tidegate.controlplane.fleet import FleetState
 from tidegate.controlplane.metrics import Metrics
 from tidegate.controlplane.telemetry_auth import ReplicaClaims, TelemetryAccess
-
-from tidegate import codec, keys
 from tidegate.errors import AuthError, ReplicaHeldError, UnauthenticatedError
 from tidegate.store.lease import LeaseKeeper
 from tidegate.v1 import records_pb2, telemetry_pb2, telemetry_pb2_grpc

@@ -49,9 +49,9 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 import structlog
-from tidegate.controlplane.auth import csv_records, read_credentials_file
 
 from tidegate.config import ConfigError
+from tidegate.controlplane.auth import csv_records, read_credentials_file
 from tidegate.errors import PermissionDeniedError, ReplicaHeldError, UnauthenticatedError
 
 log = structlog.get_logger(__name__)

@@ -16,10 +16,10 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import structlog
+
 from tidegate.controlplane.faultbook import FaultBook
 from tidegate.controlplane.fleet import FleetState
 from tidegate.controlplane.publisher import TablePublisher
-
 from tidegate.errors import StoreError
 from tidegate.policy import continuity
 from tidegate.policy.weights import ReplicaView, compute_pool_tables

@@ -22,10 +22,9 @@ from collections import deque
 
 from tidegate.agent.histograms import LatencyWindow, summarize
 from tidegate.agent.rates import work_deltas
+from tidegate.engine_metrics import EngineSample
 from tidegate.simulator.engine import Engine
 from tidegate.simulator.metrics import ITL_BUCKETS, TTFT_BUCKETS
-
-from tidegate.engine_metrics import EngineSample
 from tidegate.v1 import telemetry_pb2
 
 

@@ -21,9 +21,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from tidegate.fleetsim.sim import CLIENT_ERROR, SimResult, makespan
-
 from tidegate.fleet.report import summary_ms
+from tidegate.fleetsim.sim import CLIENT_ERROR, SimResult, makespan
 
 
 def summarize(result: SimResult, *, policy: str, load: float | None, slo_ttft_s: float, slo_tpot_s: float,

@@ -55,12 +55,10 @@ from dataclasses import dataclass, field, replace
 
 from tidegate.controlplane.fleet import FleetState
 from tidegate.controlplane.publisher import routing_key
+from tidegate.errors import RequestError
 from tidegate.fleetsim.agent import SimAgent
 from tidegate.fleetsim.replica import SimReplica
 from tidegate.fleetsim.workload import SimRequest
-from tidegate.simulator.profiles import Profile
-
-from tidegate.errors import RequestError
 from tidegate.policy import admission as adm
 from tidegate.policy.classes import class_of
 from tidegate.policy.registry import (
@@ -74,6 +72,7 @@ from tidegate.policy.registry import (
     notify_output,
 )
 from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables
+from tidegate.simulator.profiles import Profile
 
 _DELIVER, _SCRAPE, _REPORT, _TICK, _WAKE = 0, 1, 2, 3, 4
 ROUTER_SPREADS = ("rr", "hash")

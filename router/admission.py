@@ -31,11 +31,11 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from tidegate.router.parse import error_body
 
 from tidegate.policy import admission as adm
 from tidegate.policy.admission_budget import Hold, RouterBudget, Tokens
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, SloTargets
+from tidegate.router.parse import error_body
 
 REASON_HEADER = "x-tidegate-reject-reason"
 # Longest a pool with held requests goes without a pump (table changes, deadlines).

@@ -10,14 +10,14 @@ import aiohttp
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from tidegate.policy.pick import routable
 from tidegate.router.metrics import RouterMetrics
 from tidegate.router.openapi import spec as openapi_spec
 from tidegate.router.parse import CHAT_PATH, COMPLETIONS_PATH, error_body
 from tidegate.router.proxy import Proxy, json_error
 from tidegate.router.ratelog import LogRateLimiter
 from tidegate.router.tables import RoutingTables
-
-from tidegate.policy.pick import routable
 
 MIB = 1024 * 1024
 

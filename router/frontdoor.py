@@ -43,6 +43,7 @@ from typing import Any, Generic, TypeVar
 import structlog
 from aiohttp import web, web_protocol
 from aiohttp.http_exceptions import LineTooLong
+
 from tidegate.router.parse import error_body
 from tidegate.router.ratelog import LogRateLimiter
 

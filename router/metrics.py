@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
 from tidegate.router.inflight import InflightCounter
 from tidegate.router.tables import RoutingTables
 

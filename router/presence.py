@@ -7,12 +7,12 @@ import time
 from collections.abc import Callable, Mapping
 
 import structlog
-from tidegate.router.admission_budgets import AdmissionBudgets
-from tidegate.router.inflight import InflightCounter
-from tidegate.router.tables import RoutingTables
 
 from tidegate import codec, keys
 from tidegate.policy.admission_budget import Tokens
+from tidegate.router.admission_budgets import AdmissionBudgets
+from tidegate.router.inflight import InflightCounter
+from tidegate.router.tables import RoutingTables
 from tidegate.store.lease import LeaseKeeper
 from tidegate.v1.records_pb2 import RouterPresence, TokenBudget
 

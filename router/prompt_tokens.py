@@ -18,9 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tidegate.simulator.tokens import count_chat_tokens, count_completion_prompt_tokens
-
 from tidegate.config import ConfigError
+from tidegate.simulator.tokens import count_chat_tokens, count_completion_prompt_tokens
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,11 @@ import aiohttp
 import structlog
 from aiohttp import web
 from multidict import CIMultiDict
+
+from tidegate.policy import registry
+from tidegate.policy.admission_budget import Hold
+from tidegate.policy.pick import RequestFeatures
+from tidegate.policy.registry import SloTargets
 from tidegate.router.admission import Gate, Rejected, rejection_response
 from tidegate.router.admission_budgets import AdmissionBudgets
 from tidegate.router.budget import RetryBudget
@@ -44,11 +49,6 @@ from tidegate.router.ratelog import LogRateLimiter
 from tidegate.router.refusals import ConnectRefusals
 from tidegate.router.reqclass import BadHeader, RequestClass, classify
 from tidegate.router.tables import PoolTable, RoutingTables
-
-from tidegate.policy import registry
-from tidegate.policy.admission_budget import Hold
-from tidegate.policy.pick import RequestFeatures
-from tidegate.policy.registry import SloTargets
 
 log = structlog.get_logger(__name__)
 

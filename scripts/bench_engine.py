@@ -17,11 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from tidegate.simulator.engine import Engine, RequestResult
-from tidegate.simulator.profiles import get_profile
-
 from tidegate.fleet.capacity import estimate
 from tidegate.fleet.traces import TraceRequest, load
+from tidegate.simulator.engine import Engine, RequestResult
+from tidegate.simulator.profiles import get_profile
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/data/traces/AzureLLMInferenceTrace_conv.csv"
 

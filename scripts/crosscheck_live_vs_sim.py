@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 
 import aiohttp
-from tidegate.simulator.profiles import get_profile
 
 from tidegate.fleet import loadgen, report, traces
 from tidegate.fleet.up import Fleet, UpConfig
+from tidegate.simulator.profiles import get_profile
 
 MODEL = "crosscheck-model"
 

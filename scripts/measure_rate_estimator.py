@@ -27,14 +27,13 @@ import statistics
 from pathlib import Path
 
 from tidegate.agent.rates import work_deltas
-from tidegate.simulator.engine import Engine
-from tidegate.simulator.metrics import SimMetrics
-from tidegate.simulator.profiles import Profile, get_profile
-
 from tidegate.engine_metrics import parse_metrics
 from tidegate.fleet.capacity import estimate
 from tidegate.fleet.traces import TraceRequest, load
 from tidegate.policy.rates import EngineRates, RateEstimator, WorkWindow
+from tidegate.simulator.engine import Engine
+from tidegate.simulator.metrics import SimMetrics
+from tidegate.simulator.profiles import Profile, get_profile
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/data/traces/AzureLLMInferenceTrace_conv.csv"
 

@@ -65,9 +65,8 @@ from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from tidegate.simulator.profiles import Profile
-
 from tidegate.errors import PromptTooLargeError, RequestError
+from tidegate.simulator.profiles import Profile
 
 DEFAULT_MAX_TOKENS = 256
 EVENT_KINDS = ("first_token", "finished", "preempted", "aborted")

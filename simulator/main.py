@@ -33,15 +33,15 @@ import uuid
 import structlog
 from aiohttp import web
 from pydantic import Field, field_validator
+
+from tidegate import logs
+from tidegate.config import ConfigBase, ConfigError, add_flags, load
 from tidegate.simulator import calibrate
 from tidegate.simulator.engine import Engine
 from tidegate.simulator.faults import SimulatedGpus, layout_for
 from tidegate.simulator.metrics import FLAVORS
 from tidegate.simulator.profiles import Profile, ProfileError, get_profile, profile_names
 from tidegate.simulator.server import create_app
-
-from tidegate import logs
-from tidegate.config import ConfigBase, ConfigError, add_flags, load
 
 log = structlog.get_logger(__name__)
 

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
 from tidegate.simulator.engine import ITERATION_TOKENS_BUCKETS, Engine, EngineStats
 
 FLAVORS = ("vllm", "vllm-v0", "sglang")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from tidegate.simulator.cost import CostModel
 
 _COST_FIELDS = {f.name for f in dataclasses.fields(CostModel)}

@@ -29,9 +29,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 from routerkit import Proc, open_fds, put_table, rss_bytes, start_router, start_sim  # type: ignore[import-not-found]
-from tidegate.router.frontdoor import FD_RESERVE
 
 from tidegate import keys
+from tidegate.router.frontdoor import FD_RESERVE
 from tidegate.store.etcd import EtcdStore
 
 pytestmark = pytest.mark.e2e

@@ -22,10 +22,10 @@ from polling import wait_until  # type: ignore[import-not-found]
 from test_cli import Cli  # type: ignore[import-not-found]
 from test_pool_slo import _etcd_json  # type: ignore[import-not-found]
 from test_rates_published import WORDS  # type: ignore[import-not-found]
-from tidegate.simulator.tokens import count_completion_prompt_tokens
 
 from tidegate.fleet import endpoints
 from tidegate.fleet.up import Fleet, UpConfig
+from tidegate.simulator.tokens import count_completion_prompt_tokens
 
 pytestmark = pytest.mark.e2e
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+
 from tidegate.agent.collector import Collector
 from tidegate.agent.histograms import summarize
-
 from tidegate.engine_metrics import parse_metrics
 
 pytestmark = pytest.mark.e2e

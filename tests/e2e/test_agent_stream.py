@@ -22,11 +22,11 @@ import grpc
 import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
+
 from tidegate.agent.collector import Collector
 from tidegate.agent.metrics import AgentMetrics
 from tidegate.agent.nvml import NvmlReader
 from tidegate.agent.stream import HelloInfo, StreamClient
-
 from tidegate.v1 import records_pb2, telemetry_pb2, telemetry_pb2_grpc
 
 pytestmark = pytest.mark.e2e

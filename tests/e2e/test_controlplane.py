@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 import pytest
-from tidegate.controlplane.telemetry_auth import token_digest
 
 from tidegate import codec, keys
+from tidegate.controlplane.telemetry_auth import token_digest
 from tidegate.store.etcd import EtcdStore
 from tidegate.v1 import admin_pb2, admin_pb2_grpc, records_pb2, telemetry_pb2, telemetry_pb2_grpc
 

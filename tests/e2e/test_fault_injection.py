@@ -20,15 +20,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+
 from tidegate.agent.collector import Collector
 from tidegate.agent.main import AgentConfig, configure_parser
 from tidegate.agent.simgpu import SimulatedGpuReader
+from tidegate.config import ConfigError, load
 from tidegate.simulator.engine import Engine
 from tidegate.simulator.main import CRASH_EXIT_CODE
 from tidegate.simulator.profiles import get_profile
 from tidegate.simulator.server import SIM_KEY, create_app
-
-from tidegate.config import ConfigError, load
 
 pytestmark = pytest.mark.e2e
 

@@ -24,10 +24,10 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-from tidegate.router.openapi import spec
 
 from tidegate import codec, keys
 from tidegate.etcd_server import EmbeddedEtcd
+from tidegate.router.openapi import spec
 from tidegate.store.etcd import EtcdStore
 from tidegate.v1.records_pb2 import RouteEntry, RoutingTable
 

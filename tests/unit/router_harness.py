@@ -9,14 +9,14 @@ from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestServer
+
+from tidegate import codec, keys
 from tidegate.router.app import build_app, make_session
 from tidegate.router.budget import RetryBudget
 from tidegate.router.inflight import InflightCounter
 from tidegate.router.metrics import RouterMetrics
 from tidegate.router.proxy import Proxy, ProxySettings
 from tidegate.router.tables import RoutingTables
-
-from tidegate import codec, keys
 from tidegate.store.api import KeyValue
 from tidegate.v1.records_pb2 import RouteEntry, RoutingTable
 

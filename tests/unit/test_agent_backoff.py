@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from tidegate.agent.main import AgentConfig
 from tidegate.agent.stream import backoff_delay
-
 from tidegate.config import ConfigError, load
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tidegate.agent.stream import Ended, next_target
 
 T = ["cp0:1", "cp1:1", "cp2:1"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from tidegate.agent.histograms import HistogramWindow, LatencyWindow, delta, quantile, summarize
 from tidegate.agent.rates import counter_rate
 

@@ -13,6 +13,7 @@ import aiohttp
 import pynvml
 import pytest
 from aiohttp import web
+
 from tidegate.agent.nvml import GpuStat, NvmlReader
 from tidegate.agent.simgpu import SimulatedGpuReader
 

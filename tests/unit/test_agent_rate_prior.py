@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+
 from tidegate.agent.main import AgentConfig
 from tidegate.agent.stream import HelloInfo
-from tidegate.controlplane.fleet import FleetState
-
 from tidegate.config import ConfigError, load
+from tidegate.controlplane.fleet import FleetState
 from tidegate.policy.weights import WeightPolicyConfig
 from tidegate.v1 import telemetry_pb2
 

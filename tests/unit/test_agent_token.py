@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tidegate.agent.main import TOKEN_ENV, AgentConfig, load_token
 
+from tidegate.agent.main import TOKEN_ENV, AgentConfig, load_token
 from tidegate.config import ConfigError, load
 
 BASE = {"engine_url": "http://127.0.0.1:8000", "replica_id": "r1", "model": "m", "controlplane": "h:1"}

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from tidegate.agent.rates import work_deltas
 
+from tidegate.agent.rates import work_deltas
 from tidegate.engine_metrics import EngineSample, parse_metrics
 
 VLLM_V1 = """\

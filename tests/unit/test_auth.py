@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from tidegate.controlplane.auth import Authenticator, Principal, parse_tokens
 
 from tidegate.config import ConfigError
+from tidegate.controlplane.auth import Authenticator, Principal, parse_tokens
 
 
 def test_parse_tokens_comments_and_roles() -> None:

@@ -47,7 +47,6 @@ def _registries() -> Iterator[tuple[str, CollectorRegistry]]:
     from tidegate.simulator.engine import Engine
     from tidegate.simulator.metrics import FLAVORS, SimMetrics
     from tidegate.simulator.profiles import get_profile
-
     from tidegate.store.memory import InMemoryStore
 
     router = RouterMetrics(RoutingTables(), InflightCounter(), wall=time.time)

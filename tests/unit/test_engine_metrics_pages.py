@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
+
 from tidegate.agent.histograms import summarize
 from tidegate.agent.rates import work_deltas
-
 from tidegate.engine_metrics import DIALECTS, TelemetryParseError, parse_metrics
 
 PAGES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tidegate.router.main import RouterConfig
 
 from tidegate.config import ConfigError, load
+from tidegate.router.main import RouterConfig
 
 
 def cfg(**values: str) -> RouterConfig:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from tidegate.controlplane.fleet import FleetState
-
 from tidegate.policy.outliers import OutlierConfig
 from tidegate.policy.weights import WeightPolicyConfig, decide
 from tidegate.v1 import records_pb2, telemetry_pb2

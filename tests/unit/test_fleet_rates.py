@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+
 from tidegate.controlplane.fleet import FleetState
 from tidegate.fleetsim.agent import SimAgent
+from tidegate.policy.weights import ReplicaView, WeightPolicyConfig, compute_pool_tables, routing_key
 from tidegate.simulator.engine import Engine
 from tidegate.simulator.profiles import get_profile
-
-from tidegate.policy.weights import ReplicaView, WeightPolicyConfig, compute_pool_tables, routing_key
 from tidegate.v1 import telemetry_pb2
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from tidegate.controlplane.fleet import FleetState, sanitize
 
+from tidegate.controlplane.fleet import FleetState, sanitize
 from tidegate.policy.weights import WeightPolicyConfig, decide
 from tidegate.v1 import records_pb2, telemetry_pb2
 

@@ -7,10 +7,9 @@ import dataclasses
 
 from tidegate.fleetsim import results, workload
 from tidegate.fleetsim.sim import SimConfig, Simulation
-from tidegate.simulator.profiles import get_profile
-
 from tidegate.policy import registry
 from tidegate.policy.admission import REASONS, AdmissionConfig, ClassLimits
+from tidegate.simulator.profiles import get_profile
 
 H100 = get_profile("llama3-8b-h100")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tidegate.fleetsim import capacity, workload
 from tidegate.fleetsim.main import aggregate_capacity
 from tidegate.simulator.profiles import get_profile

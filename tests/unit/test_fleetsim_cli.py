@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tidegate.fleetsim import main as simulate
 from tidegate.simulator.profiles import get_profile
 

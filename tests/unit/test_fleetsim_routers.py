@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+
 from tidegate.controlplane.publisher import routing_key
 from tidegate.fleetsim import results, workload
 from tidegate.fleetsim.sim import CLIENT_ERROR, SimConfig, Simulation, servable, session_router
-from tidegate.simulator.profiles import get_profile
-
 from tidegate.policy import registry
+from tidegate.simulator.profiles import get_profile
 from tidegate.v1 import records_pb2
 
 H100 = get_profile("llama3-8b-h100")

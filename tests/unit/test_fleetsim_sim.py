@@ -5,14 +5,14 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from tidegate.agent.histograms import HistogramWindow
 from tidegate.fleetsim import results, workload
 from tidegate.fleetsim.agent import CumulativeHistogram, RollingWindow
 from tidegate.fleetsim.sim import SimConfig, Simulation
-from tidegate.simulator.profiles import get_profile
-
 from tidegate.policy import registry
 from tidegate.policy.registry import RouteInfo
+from tidegate.simulator.profiles import get_profile
 from tidegate.v1 import records_pb2
 
 H100 = get_profile("llama3-8b-h100")

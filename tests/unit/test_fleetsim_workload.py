@@ -7,10 +7,10 @@ import statistics
 from pathlib import Path
 
 import pytest
-from tidegate.fleetsim import workload
-from tidegate.fleetsim.workload import SimRequest, SyntheticSpec
 
 from tidegate.fleet.traces import TraceError
+from tidegate.fleetsim import workload
+from tidegate.fleetsim.workload import SimRequest, SyntheticSpec
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
 

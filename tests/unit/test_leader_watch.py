@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from tidegate.controlplane.leader import LeaderWatch
 
+from tidegate.controlplane.leader import LeaderWatch
 from tidegate.store.etcd import EtcdStore
 from tidegate.v1 import records_pb2
 

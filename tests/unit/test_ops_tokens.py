@@ -6,7 +6,6 @@ import stat
 from pathlib import Path
 
 from tidegate.controlplane.auth import parse_tokens
-
 from tidegate.fleet.up import write_tokens
 
 

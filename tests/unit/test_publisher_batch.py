@@ -3,9 +3,8 @@ unpublished (and is retried next time) without holding back the others."""
 
 from __future__ import annotations
 
-from tidegate.controlplane.publisher import TablePublisher
-
 from tidegate import keys
+from tidegate.controlplane.publisher import TablePublisher
 from tidegate.errors import StoreError
 from tidegate.store.api import Fence
 from tidegate.store.memory import InMemoryStore

@@ -3,9 +3,8 @@ a changed target is a routing change; nothing is written before the SLOs were re
 
 from __future__ import annotations
 
-from tidegate.controlplane.publisher import TablePublisher
-
 from tidegate import codec, keys
+from tidegate.controlplane.publisher import TablePublisher
 from tidegate.store.api import Fence
 from tidegate.store.memory import InMemoryStore
 from tidegate.v1 import records_pb2

@@ -7,12 +7,12 @@ import asyncio
 
 import pytest
 from prometheus_client import CollectorRegistry
-from tidegate.router.admission import POLL_S, AdmissionMetrics, Admitted, Gate, Rejected, rejection_response
 
 from tidegate.policy.admission import AdmissionConfig, ClassLimits
 from tidegate.policy.admission_budget import RouterBudget, Tokens
 from tidegate.policy.predict import Prediction
 from tidegate.policy.registry import PoolSnapshot, RouteInfo, SloTargets
+from tidegate.router.admission import POLL_S, AdmissionMetrics, Admitted, Gate, Rejected, rejection_response
 
 SLO = SloTargets(2.0, 0.1)
 ENTRIES = (RouteInfo("r0", 100.0), RouteInfo("r1", 100.0))

@@ -9,13 +9,13 @@ import random
 import pytest
 from multidict import CIMultiDict
 from test_router_proxy import CHAT, Engine, Router, engines  # noqa: F401  (engines is a fixture)
-from tidegate.router.reqclass import PRIORITY_HEADER, BadHeader, classify
-from tidegate.router.tables import RoutingTables
 
 from tidegate import codec, keys
 from tidegate.policy import registry
 from tidegate.policy.deadlines import TPOT_HEADER, TTFT_HEADER
 from tidegate.policy.registry import SloTargets
+from tidegate.router.reqclass import PRIORITY_HEADER, BadHeader, classify
+from tidegate.router.tables import RoutingTables
 from tidegate.store.api import KeyValue
 from tidegate.v1.records_pb2 import PoolSlo, RouteEntry, RoutingTable
 

@@ -11,14 +11,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 from router_harness import post_through_router  # type: ignore[import-not-found]
+
+from tidegate.config import ConfigError, load
 from tidegate.router import credentials
 from tidegate.router.main import RouterConfig
 from tidegate.router.proxy import ProxySettings
 from tidegate.simulator.engine import Engine
 from tidegate.simulator.profiles import get_profile
 from tidegate.simulator.server import create_app
-
-from tidegate.config import ConfigError, load
 
 MODEL = "m"
 KEY = "sk-engine-7f3a"

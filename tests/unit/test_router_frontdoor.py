@@ -6,6 +6,7 @@ import json
 import logging
 
 import pytest
+
 from tidegate.router.frontdoor import (
     BUSY_RESPONSE,
     EVICT_SCAN,

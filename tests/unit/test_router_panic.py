@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import structlog
-from tidegate.router.tables import PoolTable, RoutingTables, is_suspect
 
 from tidegate import codec, keys
 from tidegate.policy.registry import RouteInfo
+from tidegate.router.tables import PoolTable, RoutingTables, is_suspect
 from tidegate.store.api import KeyValue
 from tidegate.v1.records_pb2 import ReplicaState, RouteEntry, RoutingTable
 

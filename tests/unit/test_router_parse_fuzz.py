@@ -8,6 +8,8 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tidegate.errors import RequestError
 from tidegate.router.parse import (
     CHAT_PATH,
     COMPLETIONS_PATH,
@@ -17,8 +19,6 @@ from tidegate.router.parse import (
     parse_request,
     request_prefix_hashes,
 )
-
-from tidegate.errors import RequestError
 
 PATHS = st.sampled_from([CHAT_PATH, COMPLETIONS_PATH])
 # Every code point, lone surrogates included (hypothesis leaves those out of text() by default).

@@ -11,6 +11,8 @@ import time
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+
+from tidegate import codec, keys
 from tidegate.router.app import build_app, make_session
 from tidegate.router.budget import RetryBudget
 from tidegate.router.inflight import InflightCounter
@@ -18,8 +20,6 @@ from tidegate.router.metrics import RouterMetrics
 from tidegate.router.parse import BadRequest, parse_request
 from tidegate.router.proxy import Proxy, ProxySettings, forward_request_headers
 from tidegate.router.tables import RoutingTables
-
-from tidegate import codec, keys
 from tidegate.store.api import KeyValue
 from tidegate.v1.records_pb2 import RouteEntry, RoutingTable
 
@@ -305,7 +305,8 @@ async def test_midstream_break_emits_sse_error(engines):
 
 
 def test_prefix_hashes_share_ids_for_a_shared_prefix():
-    from tidegate.router.parse import PREFIX_BLOCK_BYTES, request_prefix_hashes
+    from tidegate.router.parse import request_prefix_hashes
+    from tidegate.simulator.tokens import PREFIX_BLOCK_BYTES
 
     system = "s" * (PREFIX_BLOCK_BYTES * 4)
     a = request_prefix_hashes("/v1/completions", {"prompt": system + "question one " * 20})
@@ -403,11 +404,10 @@ class FakeOutputPolicy(FakeHookPolicy):
     ("/v1/completions", {"model": "m", "prompt": "hello there", "max_tokens": 12}),
 ])
 async def test_finished_answers_teach_the_policy_their_output_length(monkeypatch, path, payload):
+    from tidegate.policy import registry
     from tidegate.simulator.engine import Engine as SimEngine
     from tidegate.simulator.profiles import get_profile
     from tidegate.simulator.server import create_app
-
-    from tidegate.policy import registry
 
     fake = FakeOutputPolicy()
     monkeypatch.setattr(registry, "create", lambda name: fake)

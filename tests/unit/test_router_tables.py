@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from tidegate import codec, keys
 from tidegate.router.budget import RetryBudget
 from tidegate.router.tables import RoutingTables
-
-from tidegate import codec, keys
 from tidegate.store.api import KeyValue
 from tidegate.store.memory import InMemoryStore
 from tidegate.store.watchcache import WatchCache
@@ -104,7 +103,6 @@ def test_retry_budget_token_bucket():
 async def test_presence_record_written_with_lease():
     from tidegate.router.inflight import InflightCounter
     from tidegate.router.presence import PresencePublisher
-
     from tidegate.store.lease import LeaseKeeper
     from tidegate.v1.records_pb2 import RouterPresence
 

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 from router_harness import post_through_router  # type: ignore[import-not-found]
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+from tidegate.config import ConfigError
 from tidegate.router import prompt_tokens
 from tidegate.router.main import run as run_router
 from tidegate.router.parse import BadRequest, parse_request
@@ -21,9 +24,6 @@ from tidegate.simulator.engine import Engine
 from tidegate.simulator.profiles import get_profile
 from tidegate.simulator.server import create_app
 from tidegate.simulator.tokens import count_chat_tokens, count_completion_prompt_tokens
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-
-from tidegate.config import ConfigError
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "away", ".", ","]
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tidegate.simulator import calibrate
 from tidegate.simulator.profiles import get_profile
 

@@ -7,10 +7,10 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tidegate.simulator.engine import Engine, Status
-from tidegate.simulator.profiles import get_profile
 
 from tidegate.errors import PromptTooLargeError, RequestError
+from tidegate.simulator.engine import Engine, Status
+from tidegate.simulator.profiles import get_profile
 
 
 def make(**overrides) -> Engine:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tidegate.simulator.engine import EngineStats
 from tidegate.simulator.faults import (
     H100,

@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tidegate.simulator.engine import Engine, RequestEvent, Status
-from tidegate.simulator.profiles import get_profile
 
 from tidegate.errors import RequestError
+from tidegate.simulator.engine import Engine, RequestEvent, Status
+from tidegate.simulator.profiles import get_profile
 
 
 def make(**overrides) -> Engine:

@@ -7,6 +7,7 @@ import io
 from importlib import resources
 
 import pytest
+
 from tidegate.simulator.profiles import ProfileError, get_profile, load_profiles, parse_profiles
 
 

@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tidegate.simulator.engine import Engine
 from tidegate.simulator.profiles import get_profile
 from tidegate.simulator.server import create_app

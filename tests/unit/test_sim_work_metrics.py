@@ -4,11 +4,11 @@ true to the engine's steps, and read back by the agent's normaliser."""
 from __future__ import annotations
 
 import pytest
+
+from tidegate.engine_metrics import parse_metrics
 from tidegate.simulator.engine import ITERATION_TOKENS_BUCKETS, Engine
 from tidegate.simulator.metrics import SimMetrics
 from tidegate.simulator.profiles import get_profile
-
-from tidegate.engine_metrics import parse_metrics
 
 H100 = get_profile("llama3-8b-h100")
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
+
+from tidegate.config import ConfigError
 from tidegate.controlplane.telemetry_auth import (
     ANONYMOUS,
     AgentIdentity,
@@ -22,8 +24,6 @@ from tidegate.controlplane.telemetry_auth import (
     parse_credentials,
     token_digest,
 )
-
-from tidegate.config import ConfigError
 from tidegate.errors import PermissionDeniedError, ReplicaHeldError, UnauthenticatedError
 from tidegate.fleet.up import write_agent_credentials
 

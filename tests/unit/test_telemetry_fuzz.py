@@ -12,8 +12,8 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tidegate.controlplane.fleet import CleanStats, sanitize
 
+from tidegate.controlplane.fleet import CleanStats, sanitize
 from tidegate.v1 import telemetry_pb2
 
 FD = pb_descriptor.FieldDescriptor

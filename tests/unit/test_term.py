@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import structlog
 from test_fleet_state import FakeClock, hello, report  # type: ignore[import-not-found]
+
+from tidegate import codec, keys
 from tidegate.controlplane.fleet import FleetState
 from tidegate.controlplane.publisher import TablePublisher
 from tidegate.controlplane.term import Term
-
-from tidegate import codec, keys
 from tidegate.policy.continuity import ContinuityConfig
 from tidegate.policy.weights import WeightPolicyConfig
 from tidegate.store.api import Fence
