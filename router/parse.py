@@ -5,15 +5,14 @@ Raises `tidegate.errors.RequestError` with `param` set; the edge maps it to a 40
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from typing import Any
 
-from tidegate.router.prompt_tokens import ESTIMATE, PromptCounter
-
 from tidegate.errors import RequestError
 from tidegate.policy.pick import RequestFeatures
+from tidegate.router.prompt_tokens import ESTIMATE, PromptCounter
+from tidegate.simulator.tokens import prefix_block_hashes, prefix_text
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -31,39 +30,14 @@ class BadRequest(RequestError):
         self.param = param
 
 
-# One prefix block = 16 tokens under the simulator's rule of 4 UTF-8 bytes per token, i.e. the
-# engine's KV block size; cache-aware policies compare these ids across requests.
-PREFIX_BLOCK_BYTES = 64
+# Prefix blocks are cut by the rule the simulated engine's prefix cache uses (simulator/tokens.py);
+# the router hashes at most this many (4,096 tokens): the per-request cost stays bounded.
 MAX_PREFIX_BLOCKS = 256
 
 
 def prefix_hashes(text: str) -> tuple[int, ...]:
-    """Chained hashes of the full 64-byte blocks of `text` (block i's id covers blocks 0..i),
-    so equal ids mean an equal prefix up to that block. Bounded to MAX_PREFIX_BLOCKS."""
-    data = text.encode("utf-8", errors="replace")
-    out = []
-    h = hashlib.blake2b(digest_size=8)
-    for i in range(min(len(data) // PREFIX_BLOCK_BYTES, MAX_PREFIX_BLOCKS)):
-        h.update(data[i * PREFIX_BLOCK_BYTES:(i + 1) * PREFIX_BLOCK_BYTES])
-        out.append(int.from_bytes(h.copy().digest(), "big") >> 1)
-    return tuple(out)
-
-
-def _prompt_text(payload: dict[str, Any], chat: bool) -> str:
-    if chat:
-        parts = []
-        for m in payload.get("messages", []):
-            content = m.get("content")
-            if isinstance(content, list):
-                content = "".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
-            parts.append(f"{m.get('role', '')}:{content if isinstance(content, str) else ''}\n")
-        return "".join(parts)
-    prompt = payload.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and all(isinstance(x, str) for x in prompt):
-        return "".join(prompt)
-    return ""
+    """Chained ids of the full 64-byte blocks of `text`, bounded to MAX_PREFIX_BLOCKS."""
+    return prefix_block_hashes(text, MAX_PREFIX_BLOCKS)
 
 
 def _check_tree(payload: Any, max_depth: int, check_text: bool) -> None:
@@ -144,7 +118,7 @@ def parse_request(path: str, body: bytes, max_depth: int = DEFAULT_MAX_JSON_DEPT
 
 def request_prefix_hashes(path: str, payload: dict[str, Any]) -> tuple[int, ...]:
     """The prompt's prefix block ids; computed only for policies that read them (hot path)."""
-    return prefix_hashes(_prompt_text(payload, path == CHAT_PATH))
+    return prefix_hashes(prefix_text(payload, path == CHAT_PATH))
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

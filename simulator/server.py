@@ -4,7 +4,10 @@ Every request goes through the engine's queue and KV model (simulator.engine): a
 ``engine.step(now)`` and sleeps the step's duration (divided by ``speedup``) on the event loop's
 clock, then hands each request its token. Output text is deterministic filler (one " tok" per
 token); the simulator has no EOS, so a request always produces exactly ``max_tokens`` tokens.
-Latency histograms are observed on the wall clock, as a real engine's are.
+Latency histograms are observed on the wall clock, as a real engine's are. Prefix caching works
+over HTTP: each prompt's text is cut into the prefix blocks the router also hashes
+(simulator.tokens.prefix_block_hashes), and the engine's cache and its
+vllm:prefix_cache_queries/hits counters follow from them.
 
 Sampling fields (temperature, top_p, top_k, penalties, stop, seed, ...) are validated as vLLM
 validates them (simulator.validate): a wrong type or range answers 400 with vLLM's error body.
@@ -55,13 +58,13 @@ from typing import Any
 
 import structlog
 from aiohttp import web
+
+from tidegate.errors import PromptTooLargeError, RequestError
 from tidegate.simulator import tokens
 from tidegate.simulator.engine import Engine, RequestOutput
 from tidegate.simulator.faults import FaultError, SimulatedGpus, layout_for, parse_fault
 from tidegate.simulator.metrics import SimMetrics
 from tidegate.simulator.validate import SamplingError, check_sampling, vllm_error_body
-
-from tidegate.errors import PromptTooLargeError, RequestError
 
 log = structlog.get_logger(__name__)
 
@@ -174,11 +177,14 @@ class SimServer:
             track.queue.put_nowait(None)
         self._tracks.clear()
 
-    def submit(self, req_id: str, prompt_tokens: int, max_tokens: int | None) -> _Track:
-        """Queue a request in the engine (raises RequestError) and return its token queue."""
+    def submit(self, req_id: str, prompt_tokens: int, max_tokens: int | None,
+               prefix_hashes: tuple[int, ...] = ()) -> _Track:
+        """Queue a request in the engine (raises RequestError) and return its token queue.
+        `prefix_hashes`: its text's prefix block ids (tokens.prefix_block_hashes)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
-        self.engine.add_request(req_id, prompt_tokens, max_tokens, now)
+        ids, per_id = tokens.engine_block_ids(prefix_hashes, self.engine.profile.block_size)
+        self.engine.add_request(req_id, prompt_tokens, max_tokens, now, ids, per_id)
         track = _Track(arrival=now)
         self._tracks[req_id] = track
         self._wake.set()
@@ -348,7 +354,10 @@ class SimServer:
             return _error(500, self.gpus.oom_message(), etype="InternalServerError")
         req_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         try:
-            track = self.submit(req_id, prompt_tokens, max_tokens)
+            # Hashed here, from the text received, so that caching happens over HTTP as in vLLM.
+            hashes = tokens.prefix_block_hashes(tokens.prefix_text(body, chat)) \
+                if self.engine.enable_prefix_caching else ()
+            track = self.submit(req_id, prompt_tokens, max_tokens, hashes)
         except PromptTooLargeError as exc:
             return _error(400, str(exc), "context_length_exceeded")
         except RequestError as exc:

@@ -10,17 +10,28 @@ The simulator and the router's prompt-size estimate share these rules, so that b
   ``name`` field is counted as text too; other parts (images) count nothing.
 - a prompt given as token ids counts one token per id.
 
+Prefix blocks, shared by the router (affinity) and the simulated engine (its prefix cache), so
+that a block id the router predicts is the block the engine caches: the prompt's text (a
+completion prompt as sent; a chat as ``role:content\n`` per message, in order) is cut into
+64-byte blocks, 16 tokens under the byte rule (one KV block), and block i's id is a hash of
+bytes 0..64(i+1), so equal ids mean an equal prefix up to that block. Token-id prompts have no
+text and get no blocks.
+
 Pure functions: no I/O, no state.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 BYTES_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
 TOKENS_PER_REPLY = 2
+PREFIX_BLOCK_BYTES = 64
+PREFIX_BLOCK_TOKENS = PREFIX_BLOCK_BYTES // BYTES_PER_TOKEN
 
 
 def _text_tokens(text: str) -> int:
@@ -76,3 +87,44 @@ def count_completion_prompt_tokens(prompt: str | Sequence[int] | Sequence[str],
     if items and all(isinstance(x, str) for x in items):
         return prompt_tokens("".join(items))
     raise TypeError("prompt must be a string, a non-empty list of strings or a non-empty list of token ids")
+
+
+def prefix_text(payload: Mapping[str, Any], chat: bool) -> str:
+    """The text a request's prefix blocks are cut from ("" when it has none)."""
+    if chat:
+        parts = []
+        for m in payload.get("messages", []):
+            content = m.get("content")
+            if isinstance(content, list):
+                content = "".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
+            parts.append(f"{m.get('role', '')}:{content if isinstance(content, str) else ''}\n")
+        return "".join(parts)
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(x, str) for x in prompt):
+        return "".join(prompt)
+    return ""
+
+
+def prefix_block_hashes(text: str, max_blocks: int | None = None) -> tuple[int, ...]:
+    """Chained ids of the full PREFIX_BLOCK_BYTES blocks of `text` (at most `max_blocks`), each a
+    non-negative 63-bit int (JSON- and protobuf-safe)."""
+    data = text.encode("utf-8", errors="replace")
+    n = len(data) // PREFIX_BLOCK_BYTES
+    if max_blocks is not None:
+        n = min(n, max_blocks)
+    out = []
+    h = hashlib.blake2b(digest_size=8)
+    for i in range(n):
+        h.update(data[i * PREFIX_BLOCK_BYTES:(i + 1) * PREFIX_BLOCK_BYTES])
+        out.append(int.from_bytes(h.copy().digest(), "big") >> 1)
+    return tuple(out)
+
+
+def engine_block_ids(hashes: Sequence[int], block_size: int) -> tuple[tuple[int, ...], int]:
+    """(ids, prompt tokens per id) for the engine's `add_request`: ids must cover a whole number
+    of its KV blocks, so with blocks larger than PREFIX_BLOCK_TOKENS only every k-th id is kept
+    (chained, it still names all the text before it)."""
+    k = math.lcm(PREFIX_BLOCK_TOKENS, block_size) // PREFIX_BLOCK_TOKENS
+    return tuple(hashes[k - 1::k]), PREFIX_BLOCK_TOKENS * k

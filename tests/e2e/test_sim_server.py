@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
+
 from tidegate.simulator.engine import Engine
 from tidegate.simulator.profiles import get_profile
 from tidegate.simulator.server import SIM_KEY, create_app
@@ -41,6 +42,13 @@ async def start(profile: str = "tiny-h100", speedup: float = 50.0, flavor: str =
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
     return runner, app, f"http://127.0.0.1:{port}"
+
+
+def distinct_bodies(n: int, prompt_tokens: int, max_tokens: int) -> list[dict]:
+    """Completion bodies whose prompts differ from their first bytes: equal prompts would share
+    their KV blocks through the prefix cache."""
+    return [{"model": MODEL, "prompt": f"{i:04d}" + "x" * (4 * prompt_tokens - 4), "max_tokens": max_tokens}
+            for i in range(n)]
 
 
 @pytest.fixture
@@ -215,8 +223,8 @@ async def test_load_shows_in_gauges_and_kv_pressure_preempts():
     tasks: list[asyncio.Task] = []
     try:
         async with aiohttp.ClientSession() as session:
-            body = {"model": MODEL, "prompt": "x" * 4 * 3000, "max_tokens": 600}
-            tasks = [asyncio.create_task(session.post(base + "/v1/completions", json=body)) for _ in range(16)]
+            tasks = [asyncio.create_task(session.post(base + "/v1/completions", json=b))
+                     for b in distinct_bodies(16, 3000, 600)]
             for _ in range(2000):
                 stats = sim.engine.stats()
                 if stats.waiting > 0 and stats.kv_usage > 0.5:
@@ -318,8 +326,8 @@ async def test_agent_parser_reads_every_flavor(flavor):
     tasks: list[asyncio.Task] = []
     try:
         async with aiohttp.ClientSession() as session:
-            body = {"model": MODEL, "prompt": "x" * 4 * 3000, "max_tokens": 400}
-            tasks = [asyncio.create_task(session.post(base + "/v1/completions", json=body)) for _ in range(14)]
+            tasks = [asyncio.create_task(session.post(base + "/v1/completions", json=b))
+                     for b in distinct_bodies(14, 3000, 400)]
             for _ in range(2000):
                 s = sim.engine.stats()
                 if s.waiting > 0 and s.kv_usage > 0.5:
@@ -388,6 +396,29 @@ async def test_prefix_cache_counters_in_metrics():
     assert sample(fams, "vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total") == 96
     info = next(s for s in fams["vllm:cache_config_info"].samples)
     assert info.labels["enable_prefix_caching"] == "True"
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
+async def test_prefix_cache_hits_over_http(server, chat):
+    """The server hashes the text it receives: a prompt that repeats an earlier one's leading
+    64-byte blocks is served from the cache, by exactly those blocks; another prompt is not."""
+    app, base, session = server
+    shared = "".join(f"system rule {i:03d}. " for i in range(40))[:64 * 10]  # 10 whole blocks
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+
+    def body(head: str, text: str) -> dict:
+        if chat:  # hashed as "system:" + head + "\n" + "user:" + text + "\n": still 10 whole shared blocks
+            return {"model": MODEL, "max_tokens": 1, "messages": [{"role": "system", "content": head},
+                                                                   {"role": "user", "content": text}]}
+        return {"model": MODEL, "max_tokens": 1, "prompt": head + text}
+
+    for head, text in ((shared, "first question " * 20), (shared, "a second, different question " * 10),
+                       (shared, "x" * 400), ("another system prompt " * 40, "first question " * 20)):
+        async with session.post(base + path, json=body(head, text)) as r:
+            assert r.status == 200
+            await r.read()
+    stats = app[SIM_KEY].engine.stats()
+    assert stats.prefix_cache_hits_total == 2 * 10 * 16  # the 2nd and 3rd prompts, not the 1st or 4th
 
 
 def test_subprocess_cli_sglang_flavor():

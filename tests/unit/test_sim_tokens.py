@@ -2,7 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from tidegate.simulator.tokens import count_chat_tokens, count_completion_prompt_tokens, count_prompt_tokens
+from tidegate.simulator.tokens import (
+    count_chat_tokens,
+    count_completion_prompt_tokens,
+    count_prompt_tokens,
+    engine_block_ids,
+    prefix_block_hashes,
+    prefix_text,
+)
 
 
 @pytest.mark.parametrize(
@@ -36,3 +43,56 @@ def test_completion_prompt_forms():
         count_completion_prompt_tokens([])
     with pytest.raises(TypeError):
         count_chat_tokens([{"role": "user", "content": 5}])
+
+
+@pytest.mark.parametrize(
+    ("hashes", "block_size", "expected"),
+    [
+        ((1, 2, 3, 4), 16, ((1, 2, 3, 4), 16)),   # one id per KV block
+        ((1, 2, 3, 4), 8, ((1, 2, 3, 4), 16)),    # two KV blocks per id
+        ((1, 2, 3, 4), 32, ((2, 4), 32)),         # every 2nd chained id names its 32 tokens
+        ((1, 2, 3, 4, 5), 48, ((3,), 48)),        # a partial 48-token block is not cacheable
+        ((), 32, ((), 32)),
+    ],
+)
+def test_engine_block_ids(hashes, block_size, expected):
+    assert engine_block_ids(hashes, block_size) == expected
+
+
+def _common(a: tuple, b: tuple) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "shared_blocks"),
+    [
+        ("s" * 640 + "one", "s" * 640 + "two", 10),
+        ("s" * 639 + "one", "s" * 639 + "two", 9),      # the 10th block differs in its last byte
+        ("s" * 640, "s" * 640, 10),
+        ("é" * 64, "é" * 64 + "x", 2),                 # blocks are bytes, not characters
+        ("abc", "abc", 0),                               # no whole block
+        ("t" * 64 * 300, "t" * 64 * 300, 300),          # no cap unless asked for one
+    ],
+)
+def test_prefix_block_hashes_share_exactly_the_common_whole_blocks(a, b, shared_blocks):
+    ha, hb = prefix_block_hashes(a), prefix_block_hashes(b)
+    assert _common(ha, hb) == shared_blocks
+    assert all(0 <= h < 2**63 for h in ha)
+    assert prefix_block_hashes(a, 4) == ha[:4]
+
+
+def test_router_and_engine_cut_the_same_blocks():
+    """The router's ids (capped) are the leading ids the engine hashes from the same request."""
+    from tidegate.router.parse import MAX_PREFIX_BLOCKS, request_prefix_hashes
+
+    chat = {"messages": [{"role": "system", "content": "rules " * 3000}, {"role": "user", "content": "hi " * 50}]}
+    completion = {"prompt": "document " * 2000}
+    for path, payload, is_chat in (("/v1/chat/completions", chat, True), ("/v1/completions", completion, False)):
+        engine = prefix_block_hashes(prefix_text(payload, is_chat))
+        assert len(engine) > MAX_PREFIX_BLOCKS
+        assert request_prefix_hashes(path, payload) == engine[:MAX_PREFIX_BLOCKS]
