@@ -45,19 +45,18 @@ from typing import Any
 
 import structlog
 from pydantic import Field, field_validator
+
+from tidegate import logs
+from tidegate.config import AdmissionFields, ConfigBase, ConfigError, add_flags, load
+from tidegate.fleet import capacity
+from tidegate.fleet.traces import TraceError
 from tidegate.fleetsim import capacity as saturation
 from tidegate.fleetsim import results, workload
 from tidegate.fleetsim.sim import ROUTER_SPREADS, SimConfig, Simulation, servable
-from tidegate.simulator.profiles import Profile, ProfileError, get_profile
-
-from tidegate import logs
-from tidegate.config import ConfigBase, ConfigError, add_flags, load
-from tidegate.fleet import capacity
-from tidegate.fleet.traces import TraceError
 from tidegate.policy import registry
-from tidegate.policy.admission import check_flag as check_admission_flag
-from tidegate.policy.admission import config_from_text as admission_config
+from tidegate.policy.admission_budget import BudgetConfig
 from tidegate.policy.registry import SloTargets
+from tidegate.simulator.profiles import Profile, ProfileError, get_profile
 
 log = structlog.get_logger(__name__)
 
@@ -71,7 +70,7 @@ def _split(v: Any) -> tuple[str, ...]:
     return tuple(x.strip() for x in items if x.strip())
 
 
-class SimulateConfig(ConfigBase):
+class SimulateConfig(ConfigBase, AdmissionFields):
     trace: Path | None = Field(None, description="Trace file: Azure CSV, Mooncake JSONL, or generic CSV/JSONL "
                                                  "(arrival_s, prompt_tokens, output_tokens[, prefix_hashes, "
                                                  "priority]). Without it a synthetic --workload runs.")
@@ -123,15 +122,10 @@ class SimulateConfig(ConfigBase):
     class_mix: str | None = Field(None, description="Give requests classes at random (seeded), e.g. "
                                                     "critical=0.2,standard=0.5,sheddable=0.3 (priorities 1, 0, -1); "
                                                     "replaces the trace's own classes.")
-    admission: bool = Field(False, description="Router admission for policies that predict (tidegate): hold "
-                                               "requests in per-class queues, reject early (queue_full, "
-                                               "deadline_unmeetable, shed, queue_timeout), TPOT protection.")
-    admission_queue: str = Field("1024", description="Admission: requests held per class, one number or "
-                                                     "critical=N,standard=N,sheddable=N.")
-    admission_max_wait: str = Field("30s", description="Admission: longest hold per class, e.g. 30s or "
-                                                       "critical=30s,standard=10s,sheddable=2s.")
-    tpot_guard: bool = Field(True, description="Admission: hold requests that would take a replica's outstanding "
-                                               "prefill past what its TPOT target allows (TPOT protection).")
+    admission_budgets: bool = Field(True, description="With --admission: the control plane's admission budgets "
+                                                     "(controlplane/admission_budgets.py) split among the routers by "
+                                                     "demand, each router's share part of its queue's dispatch "
+                                                     "decision, as live.")
     json_path: Path | None = Field(None, description="Write {'runs': [...]} to this file.")
     plot: Path | None = Field(None, description="Write PNG plots to this directory (needs matplotlib: "
                                                 "pip install 'tidegate[plot]').")
@@ -164,11 +158,6 @@ class SimulateConfig(ConfigBase):
         if v is not None:
             workload.parse_class_mix(v)
         return v
-
-    @field_validator("admission_queue", "admission_max_wait")
-    @classmethod
-    def _admission_values(cls, v: str, info) -> str:  # type: ignore[no-untyped-def]
-        return check_admission_flag(info.field_name, v)
 
     @field_validator("router_spread")
     @classmethod
@@ -287,13 +276,13 @@ def _slos(cfg: SimulateConfig) -> tuple[float, float]:
 
 
 def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
-    admission = (admission_config(cfg.admission_queue, cfg.admission_max_wait, cfg.tpot_guard)
-                 if cfg.admission else None)
+    admission = cfg.admission_config()
     return SimConfig(report_interval_s=cfg.report_interval_s, tick_s=cfg.tick_s,
                      propagation_s=cfg.propagation_ms / 1000.0, hop_s=cfg.hop_ms / 1000.0,
                      record_samples=cfg.plot is not None,
                      scrape_interval_s=None if cfg.scrape_ms is None else cfg.scrape_ms / 1000.0,
                      routers=routers, router_spread=cfg.router_spread, admission=admission,
+                     budgets=BudgetConfig() if admission is not None and cfg.admission_budgets else None,
                      hide_max_tokens=cfg.hide_max_tokens)
 
 

@@ -53,6 +53,8 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from tidegate import codec, keys
+from tidegate.controlplane.admission_budgets import BudgetPublisher, moved
 from tidegate.controlplane.fleet import FleetState
 from tidegate.controlplane.publisher import routing_key
 from tidegate.errors import RequestError
@@ -60,6 +62,7 @@ from tidegate.fleetsim.agent import SimAgent
 from tidegate.fleetsim.replica import SimReplica
 from tidegate.fleetsim.workload import SimRequest
 from tidegate.policy import admission as adm
+from tidegate.policy.admission_budget import BudgetConfig, Hold, Tokens
 from tidegate.policy.classes import class_of
 from tidegate.policy.registry import (
     LiveLoad,
@@ -72,9 +75,12 @@ from tidegate.policy.registry import (
     notify_output,
 )
 from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables
+from tidegate.router.admission_budgets import AdmissionBudgets
 from tidegate.simulator.profiles import Profile
+from tidegate.store.api import KeyValue
+from tidegate.v1 import records_pb2
 
-_DELIVER, _SCRAPE, _REPORT, _TICK, _WAKE = 0, 1, 2, 3, 4
+_DELIVER, _SCRAPE, _REPORT, _TICK, _WAKE, _BUDGET = 0, 1, 2, 3, 4, 5
 ROUTER_SPREADS = ("rr", "hash")
 CLIENT_ERROR = "client_error"
 
@@ -113,6 +119,11 @@ class SimConfig:
     # None: every request is dispatched at once, as before.
     admission: adm.AdmissionConfig | None = None
     wake_s: float = 0.01                # how often a router with held requests looks again
+    # Admission budgets shared by the routers (with admission): the control plane's
+    # BudgetPublisher.compute every tick on its tables and the routers' demand, the record
+    # delivered when the publisher would write it; None: no budget, as before.
+    budgets: BudgetConfig | None = None
+    budget_refresh_s: float = 30.0      # the publisher's rewrite of an unmoved record
 
     def __post_init__(self) -> None:
         if not (self.report_interval_s > 0 and self.tick_s > 0 and self.propagation_s >= 0 and self.warmup_s >= 0
@@ -213,8 +224,8 @@ def session_router(req: SimRequest, routers: int) -> int | None:
 class SimRouter:
     """One router: its own policy instance, in-flight counts, delivered table and scrape."""
 
-    __slots__ = ("inflight", "policy", "queue", "rng", "scrape_s", "scraped", "table", "view", "wants_live",
-                 "waking")
+    __slots__ = ("budgets", "inflight", "policy", "queue", "rng", "router_id", "scrape_s", "scraped", "table", "view",
+                 "wants_live", "waking")
 
     def __init__(self, policy: Policy, replica_ids: Sequence[str], rng: random.Random,
                  scrape_s: float | None) -> None:
@@ -228,6 +239,8 @@ class SimRouter:
         self.wants_live = bool(getattr(policy, "reads_live_state", False))
         self.queue: adm.AdmissionQueue | None = None
         self.waking = False
+        self.router_id = ""
+        self.budgets: AdmissionBudgets | None = None   # the live router's ledger of its shares
 
     def refresh_view(self) -> None:
         if not self.scraped:
@@ -281,6 +294,18 @@ class Simulation:
             if self.cfg.admission is not None and callable(getattr(router.policy, "predictions", None)):
                 router.queue = adm.AdmissionQueue(self.cfg.admission)
         self.admission = any(r.queue is not None for r in self.routers)
+        # Admission budgets: the control plane's publisher (compute only: the sim delivers what it
+        # would write) and, per router, the live router's ledger of its shares.
+        self._budget_pub: BudgetPublisher | None = None
+        self._budget_written: tuple[records_pb2.AdmissionBudget, float] | None = None
+        self._holds: dict[str, Hold] = {}
+        if self.cfg.budgets is not None and self.admission:
+            self._budget_pub = BudgetPublisher(None, "sim", self.cfg.budgets,  # type: ignore[arg-type]
+                                               refresh_s=self.cfg.budget_refresh_s,
+                                               wall_clock=lambda: VIRTUAL_EPOCH + self.now)
+            for k, router in enumerate(self.routers):
+                router.router_id = f"router-{k}"
+                router.budgets = AdmissionBudgets(None, router.router_id)
         self._slo = self.cfg.slo or SloTargets()
         self._held = 0
         for k, router in enumerate(self.routers):
@@ -343,6 +368,8 @@ class Simulation:
                 self._report(payload)  # type: ignore[arg-type]
             elif kind == _WAKE:
                 self._wake(payload)  # type: ignore[arg-type]
+            elif kind == _BUDGET:
+                self._deliver_budget(payload)  # type: ignore[arg-type]
             else:
                 self._tick()
         end = self.now
@@ -386,6 +413,9 @@ class Simulation:
                 if t_s - rec.req.arrival_s > self.cfg.stop_slo[0]:
                     self._misses += 1
                 self._by_id[rep.replica_id][1].observe_ttft(engine_t - engine_arrival)
+                hold = self._holds.get(req_id)
+                if hold is not None:  # its prompt is prefilled: out of the budget's prefill tokens
+                    hold.first_token()
                 notify(self.routers[rec.router].policy, "on_first_token", self._features[req_id], rep.replica_id)
         elif kind == "finished":
             if rec.finish_s is not None:
@@ -409,6 +439,9 @@ class Simulation:
             router = self.routers[rec.router]
             router.inflight[rep.replica_id] -= 1
             self._outstanding -= 1
+            hold = self._holds.pop(req_id, None)
+            if hold is not None:
+                hold.release()
             features = self._features.pop(req_id)
             notify(router.policy, "on_complete", features, rep.replica_id)
             notify_output(router.policy, features, rep.replica_id, rec.req.output_tokens)
@@ -443,7 +476,11 @@ class Simulation:
             self._dispatch_held(router, rec, d)
         elif d.action == adm.HOLD:
             self._held += 1
+            if router.budgets is not None:  # held requests count in the router's demand
+                router.budgets.get(self.cfg.pool).queued += _tokens(features)
         else:
+            if router.budgets is not None:  # it wanted in: the next demand says so
+                router.budgets.get(self.cfg.pool).refused_tokens(_tokens(features))
             self._reject(rec, d)
         if len(router.queue):
             self._pump(k)
@@ -451,7 +488,9 @@ class Simulation:
     def _placement(self, router: SimRouter, features: RequestFeatures) -> adm.Placement:
         preds = router.policy.predictions(PoolSnapshot(router.view, router.inflight, frozenset(),  # type: ignore[attr-defined]
                                                        slo=self.cfg.slo), features)
-        return adm.placement(preds, self.cfg.admission.tpot_guard, self._slo.tpot_s)  # type: ignore[union-attr]
+        room = router.budgets is None or router.budgets.get(self.cfg.pool).allows(
+            class_of(features.priority), features.prompt_tokens, features.max_tokens or 0)
+        return adm.placement(preds, self.cfg.admission.tpot_guard, self._slo.tpot_s, room)  # type: ignore[union-attr]
 
     def _reject(self, rec: RequestRecord, d: adm.Decision) -> None:
         rec.rejected = d.reason
@@ -468,12 +507,17 @@ class Simulation:
         queue = router.queue
         assert queue is not None
 
-        def dispatch(h: adm.Held, d: adm.Decision) -> None:
+        def left(h: adm.Held) -> None:
             self._held -= 1
+            if router.budgets is not None:
+                router.budgets.get(self.cfg.pool).queued -= _tokens(self._features[h.key])  # type: ignore[index]
+
+        def dispatch(h: adm.Held, d: adm.Decision) -> None:
+            left(h)
             self._dispatch_held(router, self.records[h.key], d)  # type: ignore[index]
 
         def reject(h: adm.Held, d: adm.Decision) -> None:
-            self._held -= 1
+            left(h)
             self._reject(self.records[h.key], d)  # type: ignore[index]
 
         adm.pump(queue, self.now, lambda h: self._placement(router, self._features[h.key]), dispatch, reject)  # type: ignore[index]
@@ -517,6 +561,8 @@ class Simulation:
         self._counts[rep.replica_id] += 1
         self._outstanding += 1
         self._features[req.req_id] = features
+        if router.budgets is not None:
+            self._holds[req.req_id] = router.budgets.get(self.cfg.pool).acquire_tokens(_tokens(features))
         notify(router.policy, "on_dispatch", features, rep.replica_id)
 
     def _route_to(self, req: SimRequest) -> int:
@@ -560,7 +606,28 @@ class Simulation:
             self._published_key = key
             entries = tuple(_route_info(e) for e in pool_entries)
             self._push(self.now + self.cfg.propagation_s, _DELIVER, (self.now, entries))
+        if self._budget_pub is not None:
+            self._budget_tick(tables)
         self._push(self.now + self.cfg.tick_s, _TICK, None)
+
+    def _budget_tick(self, tables) -> None:  # noqa: ANN001
+        """The leader's budget step: the pool's total and each router's share from their demand
+        (what their presence records carry), delivered when the publisher would write it."""
+        assert self._budget_pub is not None
+        pool = self.cfg.pool
+        demand = {r.router_id: r.budgets.demand().get(pool, Tokens()) for r in self.routers}  # type: ignore[union-attr]
+        slo = records_pb2.PoolSlo(pool=pool, ttft_s=self._slo.ttft_s, tpot_s=self._slo.tpot_s)
+        rec = self._budget_pub.compute({pool: tables.get(pool, ())}, self.fleet, {pool: slo},
+                                       [r.router_id for r in self.routers], {pool: demand})[pool]
+        last = self._budget_written
+        if last is None or moved(last[0], rec) or self.now - last[1] >= self.cfg.budget_refresh_s:
+            self._budget_written = (rec, self.now)
+            self._push(self.now + self.cfg.propagation_s, _BUDGET, rec)
+
+    def _deliver_budget(self, rec: records_pb2.AdmissionBudget) -> None:
+        kv = KeyValue(keys.admission(rec.pool), codec.encode(rec), 0)
+        for router in self.routers:
+            router.budgets.apply(kv.key, kv)  # type: ignore[union-attr]
 
     def _deliver(self, payload: tuple[float, tuple[RouteInfo, ...]]) -> None:
         computed, entries = payload
@@ -587,6 +654,10 @@ class Simulation:
     @property
     def view(self) -> tuple[RouteInfo, ...]:
         return self.routers[0].view
+
+
+def _tokens(features: RequestFeatures) -> Tokens:
+    return Tokens.request(features.prompt_tokens, features.max_tokens or 0)
 
 
 def makespan(result: SimResult) -> float:

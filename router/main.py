@@ -17,6 +17,12 @@ import time
 import structlog
 from aiohttp import web
 from pydantic import Field, field_validator
+
+from tidegate import keys, logs
+from tidegate.config import AdmissionFields, ConfigBase, ConfigError, EtcdFields, add_flags, load
+from tidegate.errors import StoreError
+from tidegate.policy import registry
+from tidegate.policy.registry import SloTargets
 from tidegate.router import credentials, prompt_tokens
 from tidegate.router.admission import AdmissionMetrics, Gate
 from tidegate.router.admission_budgets import AdmissionBudgets
@@ -40,14 +46,6 @@ from tidegate.router.parse import DEFAULT_MAX_JSON_DEPTH
 from tidegate.router.presence import PresencePublisher
 from tidegate.router.proxy import Proxy, ProxySettings
 from tidegate.router.tables import RoutingTables
-
-from tidegate import keys, logs
-from tidegate.config import ConfigBase, ConfigError, EtcdFields, add_flags, load
-from tidegate.errors import StoreError
-from tidegate.policy import registry
-from tidegate.policy.admission import check_flag as check_admission_flag
-from tidegate.policy.admission import config_from_text as admission_config
-from tidegate.policy.registry import SloTargets
 from tidegate.store.api import Store
 from tidegate.store.etcd import EtcdStore
 from tidegate.store.lease import LeaseKeeper
@@ -59,7 +57,7 @@ PRESENCE_TTL_S = 10
 PRESENCE_INTERVAL_S = 2.0
 
 
-class RouterConfig(ConfigBase, EtcdFields):
+class RouterConfig(ConfigBase, EtcdFields, AdmissionFields):
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on (0: any free port, printed as JSON).")
     router_id: str | None = Field(None, description="This router's id (default: hostname-pid).")
@@ -102,15 +100,6 @@ class RouterConfig(ConfigBase, EtcdFields):
         0.1, gt=0, description="TPOT (time per output token) target, seconds, for pools without an SLO of "
         "their own; the tidegate policy spares decoders whose TPOT a placement would break.")
 
-    admission: bool = Field(
-        False, description="Admission for policies that predict latency (tidegate): hold requests no replica "
-        "would serve within their SLO in a bounded queue per priority class, dispatch them in class order as "
-        "capacity frees, and answer 429 with Retry-After and x-tidegate-reject-reason (queue_full, "
-        "deadline_unmeetable, shed, queue_timeout) when they cannot make their deadline.")
-    admission_queue: str = Field("1024", description="Admission: requests held per pool and class: one number for "
-                                                     "every class, or critical=N,standard=N,sheddable=N.")
-    admission_max_wait: str = Field("30s", description="Admission: longest a request is held, per class: one "
-                                                       "duration (30s, 500ms) or critical=30s,standard=10s,...")
     engine_api_key: str = Field(
         "", description="Credential the router sends to engines as 'Authorization: Bearer KEY' (engines "
         "started with --api-key), per pool: POOL=file:PATH or POOL=env:VAR, comma-separated; POOL * covers "
@@ -119,13 +108,6 @@ class RouterConfig(ConfigBase, EtcdFields):
         "", description="Path to the served model's tokenizer.json (Hugging Face 'tokenizers', read locally, "
         "never downloaded): prompt token counts become exact instead of the UTF-8 bytes / 4 estimate. Needs "
         "pip install 'tidegate[tokenizer]'.")
-    tpot_guard: bool = Field(True, description="Admission: hold requests that would take a replica's outstanding "
-                                               "prefill past what its TPOT target allows (TPOT protection).")
-
-    @field_validator("admission_queue", "admission_max_wait")
-    @classmethod
-    def _admission_values(cls, v: str, info) -> str:  # type: ignore[no-untyped-def]
-        return check_admission_flag(info.field_name, v)
 
     @field_validator("engine_api_key")
     @classmethod
@@ -227,9 +209,9 @@ async def serve(cfg: RouterConfig,
                                 default_slo=SloTargets(ttft_s=cfg.default_slo_ttft_s, tpot_s=cfg.default_slo_tpot_s),
                                 engine_credentials=engine_credentials, prompt_counter=counter))
     gate = None
-    if cfg.admission:
-        gate = Gate(admission_config(cfg.admission_queue, cfg.admission_max_wait, cfg.tpot_guard), time.monotonic,
-                    AdmissionMetrics(metrics.registry))
+    admission = cfg.admission_config()
+    if admission is not None:
+        gate = Gate(admission, time.monotonic, AdmissionMetrics(metrics.registry))
         proxy.gate = gate
     app = build_app(proxy, tables, metrics, router_id, cfg.max_body_bytes)
     door = FrontDoor(FrontDoorLimits(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tidegate.policy.admission import AdmissionConfig, check_flag, config_from_text
+
 if TYPE_CHECKING:
     from tidegate.store.etcdsec import EtcdSecurity
 
@@ -124,6 +126,35 @@ class EtcdFields(BaseModel):
             if getattr(self, name):
                 out += [_flag(name), getattr(self, name)]
         return out
+
+
+
+class AdmissionFields(BaseModel):
+    """The router admission flags of `tidegate router` and `tidegate simulate` (mixed into their
+    config): one definition, so the simulator runs what the router would be configured with."""
+
+    admission: bool = Field(
+        False, description="Admission for policies that predict latency (tidegate): hold requests no replica "
+        "would serve within their SLO in a bounded queue per priority class, dispatch them in class order as "
+        "capacity frees, and answer 429 with Retry-After and x-tidegate-reject-reason (queue_full, "
+        "deadline_unmeetable, shed, queue_timeout) when they cannot make their deadline.")
+    admission_queue: str = Field("1024", description="Admission: requests held per pool and class: one number for "
+                                                     "every class, or critical=N,standard=N,sheddable=N.")
+    admission_max_wait: str = Field("30s", description="Admission: longest a request is held, per class: one "
+                                                       "duration (30s, 500ms) or critical=30s,standard=10s,...")
+    tpot_guard: bool = Field(True, description="Admission: hold requests that would take a replica's outstanding "
+                                               "prefill past what its TPOT target allows (TPOT protection).")
+
+    @field_validator("admission_queue", "admission_max_wait")
+    @classmethod
+    def _admission_values(cls, v: str, info: Any) -> str:
+        return check_flag(info.field_name, v)
+
+    def admission_config(self) -> AdmissionConfig | None:
+        """The queue's config; None without --admission."""
+        if not self.admission:
+            return None
+        return config_from_text(self.admission_queue, self.admission_max_wait, self.tpot_guard)
 
 
 # ---------------------------------------------------------------- argparse glue
