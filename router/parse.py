@@ -12,7 +12,7 @@ from typing import Any
 from tidegate.errors import RequestError
 from tidegate.policy.pick import RequestFeatures
 from tidegate.router.prompt_tokens import ESTIMATE, PromptCounter
-from tidegate.simulator.tokens import prefix_block_hashes, prefix_text
+from tidegate.tokens import prefix_block_hashes, prefix_text
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -30,7 +30,7 @@ class BadRequest(RequestError):
         self.param = param
 
 
-# Prefix blocks are cut by the rule the simulated engine's prefix cache uses (simulator/tokens.py);
+# Prefix blocks are cut by the rule the simulated engine's prefix cache uses (tidegate/tokens.py);
 # the router hashes at most this many (4,096 tokens): the per-request cost stays bounded.
 MAX_PREFIX_BLOCKS = 256
 

@@ -1,6 +1,6 @@
 """How the router counts a request's prompt tokens: the shared estimate, or a real tokenizer.
 
-Default (`ESTIMATE`): simulator/tokens.py's rule, ceil(UTF-8 bytes / 4) per text, plus 4 tokens
+Default (`ESTIMATE`): tidegate/tokens.py's rule, ceil(UTF-8 bytes / 4) per text, plus 4 tokens
 per chat message and 2 for the reply header. Its error on real text is measured in
 docs/BENCHMARKS.md ("Prompt token estimate").
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidegate.config import ConfigError
-from tidegate.simulator.tokens import count_chat_tokens, count_completion_prompt_tokens
+from tidegate.tokens import count_chat_tokens, count_completion_prompt_tokens
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tidegate.router.prompt_tokens import from_file  # noqa: E402
-from tidegate.simulator.tokens import count_prompt_tokens  # noqa: E402
+from tidegate.tokens import count_prompt_tokens  # noqa: E402
 
 
 def pieces(text: str, min_bytes: int) -> list[str]:

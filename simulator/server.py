@@ -6,7 +6,7 @@ clock, then hands each request its token. Output text is deterministic filler (o
 token); the simulator has no EOS, so a request always produces exactly ``max_tokens`` tokens.
 Latency histograms are observed on the wall clock, as a real engine's are. Prefix caching works
 over HTTP: each prompt's text is cut into the prefix blocks the router also hashes
-(simulator.tokens.prefix_block_hashes), and the engine's cache and its
+(tidegate.tokens.prefix_block_hashes), and the engine's cache and its
 vllm:prefix_cache_queries/hits counters follow from them.
 
 Sampling fields (temperature, top_p, top_k, penalties, stop, seed, ...) are validated as vLLM
@@ -59,8 +59,8 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from tidegate import tokens
 from tidegate.errors import PromptTooLargeError, RequestError
-from tidegate.simulator import tokens
 from tidegate.simulator.engine import Engine, RequestOutput
 from tidegate.simulator.faults import FaultError, SimulatedGpus, layout_for, parse_fault
 from tidegate.simulator.metrics import SimMetrics

@@ -25,7 +25,7 @@ from test_rates_published import WORDS  # type: ignore[import-not-found]
 
 from tidegate.fleet import endpoints
 from tidegate.fleet.up import Fleet, UpConfig
-from tidegate.simulator.tokens import count_completion_prompt_tokens
+from tidegate.tokens import count_completion_prompt_tokens
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tidegate.fleet.loadgen import TRACE_HASH_BLOCK_TOKENS, make_prompt
-from tidegate.simulator.tokens import PREFIX_BLOCK_TOKENS, count_prompt_tokens, prefix_block_hashes
+from tidegate.tokens import PREFIX_BLOCK_TOKENS, count_prompt_tokens, prefix_block_hashes
 
 B = TRACE_HASH_BLOCK_TOKENS
 

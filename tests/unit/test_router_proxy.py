@@ -306,7 +306,7 @@ async def test_midstream_break_emits_sse_error(engines):
 
 def test_prefix_hashes_share_ids_for_a_shared_prefix():
     from tidegate.router.parse import request_prefix_hashes
-    from tidegate.simulator.tokens import PREFIX_BLOCK_BYTES
+    from tidegate.tokens import PREFIX_BLOCK_BYTES
 
     system = "s" * (PREFIX_BLOCK_BYTES * 4)
     a = request_prefix_hashes("/v1/completions", {"prompt": system + "question one " * 20})

@@ -23,7 +23,7 @@ from tidegate.router.proxy import ProxySettings
 from tidegate.simulator.engine import Engine
 from tidegate.simulator.profiles import get_profile
 from tidegate.simulator.server import create_app
-from tidegate.simulator.tokens import count_chat_tokens, count_completion_prompt_tokens
+from tidegate.tokens import count_chat_tokens, count_completion_prompt_tokens
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "away", ".", ","]
 

@@ -1,6 +1,7 @@
-"""Deterministic prompt token counts without a tokenizer.
+"""Deterministic prompt token counts without a tokenizer, and prompt prefix blocks.
 
-The simulator and the router's prompt-size estimate share these rules, so that both agree:
+The simulator and the router's prompt-size estimate share these rules, so that both agree (they
+live in the shared core because neither process may import the other; see [tool.importlinter]):
 
 - text: ``max(1, ceil(len(text.encode("utf-8")) / 4))`` -- about 4 bytes per token, the usual
   rule of thumb for English with BPE tokenizers (Llama 3: ~4.2 characters per token);

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tidegate.simulator.tokens import (
+from tidegate.tokens import (
     count_chat_tokens,
     count_completion_prompt_tokens,
     count_prompt_tokens,
