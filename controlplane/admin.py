@@ -6,10 +6,11 @@ drain status) made to a standby are forwarded to the leader (address from its Le
 with the caller's own metadata. Events, budgets and pool SLOs live in etcd and are served
 anywhere; the leader watches the SLO records and copies them into the routing tables.
 
-Intents (cordon, drain) are ReplicaIntent records in etcd. On the leader an intent change
-is applied to the fleet and the affected tables are published before the RPC returns, so
-routers stop sending new requests within their watch latency (well under 1 s). Cordon and
-drain check disruption budgets (tidegate/policy/budgets.py) unless forced.
+Intents (cordon, drain) are ReplicaIntent records in etcd, written by the leader alone and
+fenced by its term (a refused write ends the term and the call answers UNAVAILABLE). On the
+leader an intent change is applied to the fleet and the affected tables are published before
+the RPC returns, so routers stop sending new requests within their watch latency (well under
+1 s). Cordon and drain check disruption budgets (tidegate/policy/budgets.py) unless forced.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import grpc.aio
 import structlog
 from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
+
+from tidegate import codec, keys
 from tidegate.controlplane.auth import OPERATOR, VIEWER, Authenticator, Principal
 from tidegate.controlplane.events import EventLog
 from tidegate.controlplane.fleet import FleetState
@@ -30,12 +33,10 @@ from tidegate.controlplane.pools import pool_summaries
 from tidegate.controlplane.publisher import TablePublisher
 from tidegate.controlplane.slo import decode_all as decode_slos
 from tidegate.controlplane.slo import validate as validate_slo
-
-from tidegate import codec, keys
 from tidegate.errors import StoreError
 from tidegate.policy import budgets as budget_policy
 from tidegate.policy.weights import ROUTABLE_STATES, ReplicaView, decide
-from tidegate.store.api import Store
+from tidegate.store.api import Fence, FencedError, Store
 from tidegate.v1 import admin_pb2, admin_pb2_grpc, records_pb2
 
 log = structlog.get_logger(__name__)
@@ -68,12 +69,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         slo_itl_ms: float = 0.0,
         scale: Callable[[], Mapping[str, records_pb2.ScaleRecommendation]] = dict,
         wall_clock: Callable[[], float] = time.time,
+        fence: Callable[[], Fence | None],
+        on_fenced: Callable[[str], None],
     ) -> None:
         self._fleet = fleet
         self._store = store
         self._publisher = publisher
         self._id = controlplane_id
         self._is_leader = is_leader
+        self._fence = fence
+        self._on_fenced = on_fenced
         self._auth = auth
         self._events = events
         self._apply = apply_intent
@@ -300,18 +305,28 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                                                           message=f"would be {done} (dry run)"))
                     continue
                 intent = None
+                # Fenced: the budgets above were checked against this leader's view of the fleet,
+                # so a deposed leader (which may not know it yet) must not land the change.
+                fence = self._fence()
+                if fence is None:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                        f"control plane {self._id} is no longer the leader; retry")
                 if verb == "uncordon":
                     # Uncordon also ends a drain, like `kubectl uncordon`.
-                    await self._store.delete(keys.intent(rid))
+                    await self._store.delete_fenced(keys.intent(rid), fence)
                     rev = 0
                 else:
                     intent = self._intent(rid, verb, request, principal)
-                    rev = await self._store.put(keys.intent(rid), codec.encode(intent))
+                    rev = await self._store.put_fenced(keys.intent(rid), codec.encode(intent), fence)
                 await self._apply(rid, intent, rev)
                 view = self._fleet.view(rid)
                 await self._events.record(verb, rid, view.pool if view else "", principal.actor,
                                           _event_reason(verb, request, force))
                 results.append(admin_pb2.IntentResult(replica_id=rid, changed=True, message=done))
+        except FencedError as e:
+            self._on_fenced(str(e))
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"control plane {self._id} is no longer the leader; retry")
         except StoreError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
         except codec.DecodeError as e:

@@ -10,8 +10,8 @@ A record is written when its router set changes, its total moves by more than 1 
 moves by more than 2 % of the total, or it is older than `refresh_s` (so `computed_at` shows
 it is live). A router whose presence lease expires drops out of the next tick's split (the
 deletion wakes the decision loop), so its share returns to the others within one lease.
-Like the scale recommendation, writes are plain puts checked against leadership just before:
-a deposed leader may land one last record, which the next leader overwrites.
+Like the tables and the scale recommendation, writes are fenced by the leader's term
+(controlplane/fenced.py): a deposed leader's write does not land, and it steps down.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 import structlog
-from tidegate.controlplane.fleet import FleetState
-from tidegate.controlplane.publisher import _timestamp
 
 from tidegate import codec, keys
-from tidegate.errors import StoreError
+from tidegate.controlplane.fenced import FencedWriter
+from tidegate.controlplane.fleet import FleetState
+from tidegate.controlplane.publisher import _timestamp
 from tidegate.policy.admission_budget import BudgetConfig, ReplicaCapacity, Tokens, pool_total, split
 from tidegate.policy.weights import ROUTABLE_STATES
-from tidegate.store.api import Store
+from tidegate.store.api import Fence, Store
 from tidegate.v1 import records_pb2
 
 log = structlog.get_logger(__name__)
@@ -54,15 +54,15 @@ def capacities(entries: Sequence[records_pb2.RouteEntry], fleet: FleetState) -> 
 
 class BudgetPublisher:
     def __init__(self, store: Store, controlplane_id: str, config: BudgetConfig | None = None, *,
-                 refresh_s: float = 30.0, wall_clock: Callable[[], float] = time.time) -> None:
-        self._store = store
+                 refresh_s: float = 30.0, wall_clock: Callable[[], float] = time.time,
+                 on_fenced: Callable[[str], None] = lambda reason: None) -> None:
+        self._writer = FencedWriter(store, "admission_budget", on_fenced)
         self._id = controlplane_id
         self.cfg = config or BudgetConfig()
         self._refresh_s = refresh_s
         self._wall = wall_clock
         self._latest: dict[str, records_pb2.AdmissionBudget] = {}
         self._written: dict[str, tuple[records_pb2.AdmissionBudget, float]] = {}
-        self._failing = False
 
     def latest(self) -> Mapping[str, records_pb2.AdmissionBudget]:
         return dict(self._latest)
@@ -92,29 +92,20 @@ class BudgetPublisher:
         self._latest = out
         return out
 
-    async def publish(self, still_leader: Callable[[], bool]) -> list[str]:
-        """Writes the pools whose budget moved (or is due a refresh); never raises StoreError."""
+    async def publish(self, fence: Callable[[], Fence | None]) -> list[str]:
+        """Writes, fenced by `fence()` (nothing while it is None), the pools whose budget moved
+        (or is due a refresh); returns their names. Never raises StoreError."""
         now = self._wall()
-        written = []
-        try:
-            for pool, msg in sorted(self._latest.items()):
-                last = self._written.get(pool)
-                if last is not None and not moved(last[0], msg) and now - last[1] < self._refresh_s:
-                    continue
-                if not still_leader():
-                    break
-                await self._store.put(keys.admission(pool), codec.encode(msg))
+        due = []
+        for pool, msg in sorted(self._latest.items()):
+            last = self._written.get(pool)
+            if last is None or moved(last[0], msg) or now - last[1] >= self._refresh_s:
+                due.append((pool, msg))
+        landed = await self._writer.write([(keys.admission(pool), codec.encode(msg)) for pool, msg in due], fence)
+        for (pool, msg), ok in zip(due, landed, strict=True):
+            if ok:
                 self._written[pool] = (msg, now)
-                written.append(pool)
-        except StoreError as e:
-            if not self._failing:
-                self._failing = True
-                log.warning("admission_budget_publish_failed", error=str(e))
-            return written
-        if self._failing:
-            self._failing = False
-            log.info("admission_budget_publish_recovered")
-        return written
+        return [pool for (pool, _), ok in zip(due, landed, strict=True) if ok]
 
 
 def moved(old: records_pb2.AdmissionBudget, new: records_pb2.AdmissionBudget) -> bool:

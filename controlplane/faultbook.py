@@ -19,9 +19,9 @@ from dataclasses import replace
 
 import structlog
 from google.protobuf import timestamp_pb2
-from tidegate.controlplane.fleet import FleetState
 
 from tidegate import codec, keys
+from tidegate.controlplane.fleet import FleetState
 from tidegate.errors import StoreError
 from tidegate.policy.faults import FaultState
 from tidegate.store.api import Fence, FencedError, Store
@@ -71,8 +71,10 @@ def from_record(rec: records_pb2.FaultRecord, mono_now: float, wall_now: float) 
 
 class FaultBook:
     def __init__(self, store: Store, controlplane_id: str, *, now: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 on_fenced: Callable[[str], None] = lambda reason: None) -> None:
         self._store = store
+        self._on_fenced = on_fenced
         self._id = controlplane_id
         self._now = now
         self._wall = wall
@@ -102,9 +104,9 @@ class FaultBook:
         return applied
 
     async def save(self, fleet: FleetState, fence: Callable[[], Fence | None]) -> None:
-        """Writes what changed since the last save (fenced); deletes records of clean or
-        forgotten replicas. Never raises StoreError: it stops at the first failure and the
-        next tick retries what is left."""
+        """Writes what changed since the last save; deletes records of clean or forgotten
+        replicas (both fenced: a deposed leader must not erase its successor's record). Never
+        raises StoreError: it stops at the first failure and the next tick retries what is left."""
         states = fleet.fault_states()
         mono_now, wall_now = self._now(), self._wall()
         try:
@@ -119,9 +121,14 @@ class FaultBook:
                 await self._store.put_fenced(keys.fault(rid), codec.encode(rec), current)
                 self._saved[rid] = want
             for rid in [r for r in self._saved if persisted(states.get(r, FaultState())) is None]:
-                await self._store.delete(keys.fault(rid))
+                current = fence()
+                if current is None:
+                    return
+                await self._store.delete_fenced(keys.fault(rid), current)
                 del self._saved[rid]
-        except FencedError:
-            return  # the table publisher steps down on the same fence
+        except FencedError as e:
+            # Tables may not change this tick, so their publisher need not meet the refusal itself.
+            log.warning("faults_save_fenced", error=str(e))
+            self._on_fenced(str(e))
         except StoreError as e:
             log.info("faults_save_failed", error=str(e))

@@ -23,6 +23,8 @@ import structlog
 from google.protobuf import timestamp_pb2
 from prometheus_client import start_http_server
 from pydantic import Field, field_validator
+
+from tidegate import codec, config, keys, logs
 from tidegate.controlplane.admin import AdminService
 from tidegate.controlplane.admission_budgets import BudgetPublisher, tokens_of
 from tidegate.controlplane.auth import Authenticator, load_tokens
@@ -42,8 +44,6 @@ from tidegate.controlplane.telemetry_auth import (
     TelemetryAccess,
 )
 from tidegate.controlplane.term import Plan, Term
-
-from tidegate import codec, config, keys, logs
 from tidegate.errors import StoreError
 from tidegate.policy.admission import parse_class_values
 from tidegate.policy.admission_budget import DEFAULT_CLASS_FRACTION, BudgetConfig, Tokens
@@ -244,11 +244,10 @@ class ControlPlane:
                                 feedback_policy=feedback_policy, outlier_policy=outlier_policy,
                                 on_state_change=self._state_changed)
         self.store = EtcdStore(cfg.etcd, timeout_s=cfg.etcd_timeout_s, security=cfg.etcd_security())
-        self.publisher = TablePublisher(self.store, cp_id, metrics=self.metrics,
-                                        on_fenced=lambda reason: self.leadership.step_down("fenced"))
+        self.publisher = TablePublisher(self.store, cp_id, metrics=self.metrics, on_fenced=self._fenced)
         self.term = Term(self.fleet, self.publisher,
                          ContinuityConfig(warmup_s=cfg.warmup_s, stale_after_s=cfg.stale_after_s),
-                         faults=FaultBook(self.store, cp_id))
+                         faults=FaultBook(self.store, cp_id, on_fenced=self._fenced))
         self.leader_watch = LeaderWatch(self.store, keys.ELECTION, cp_id,
                                         timeout_s=min(1.0, cfg.etcd_timeout_s))
         self.presence = LeaseKeeper(self.store, cfg.presence_ttl_s)
@@ -264,9 +263,10 @@ class ControlPlane:
         # recommendation is recomputed every tick and written when it changes.
         self.slos = PoolSlos(self.store, on_change=self._wake.set)
         self.scale = ScaleReporter(self.store, cp_id, registry=self.metrics.registry, config=ScaleConfig(
-            min_replicas=cfg.scale_min_replicas, headroom=cfg.scale_headroom))
+            min_replicas=cfg.scale_min_replicas, headroom=cfg.scale_headroom), on_fenced=self._fenced)
         self.events = EventLog(self.store, cp_id, keep=cfg.events_keep)
-        self.budgets = BudgetPublisher(self.store, cp_id, budget_config(cfg.admission_class_fraction))
+        self.budgets = BudgetPublisher(self.store, cp_id, budget_config(cfg.admission_class_fraction),
+                                       on_fenced=self._fenced)
         self._live_routers: set[str] = set()
         self._router_demand: dict[str, dict[str, Tokens]] = {}
         self._intent_cache: dict[str, tuple[int, records_pb2.ReplicaIntent]] = {}
@@ -283,6 +283,10 @@ class ControlPlane:
         self._background: set[asyncio.Task[object]] = set()
         self.address = cfg.listen
         self.leadership = Leadership(self._make_election, self._elected, self._lost)
+
+    def _fenced(self, reason: str) -> None:
+        """A leader-only write was refused by its fence: another instance leads, so this term ends."""
+        self.leadership.step_down("fenced")
 
     def _make_election(self) -> Election:
         ts = timestamp_pb2.Timestamp()
@@ -426,10 +430,10 @@ class ControlPlane:
             await self._record_transitions(views)
             await asyncio.sleep(0)
             self.scale.compute(tables, self.fleet, self.slos.all())
-            await self.scale.publish(lambda: self.leadership.is_leader)
+            await self.scale.publish(self.leadership.fence)
             if self.cfg.admission_budgets:
                 self.budgets.compute(tables, self.fleet, self.slos.all(), self._live_routers, self._router_demand)
-                await self.budgets.publish(lambda: self.leadership.is_leader)
+                await self.budgets.publish(self.leadership.fence)
         elapsed = time.perf_counter() - started
         self.metrics.tick_seconds.observe(elapsed)
         if elapsed > self.cfg.tick_s:
@@ -534,7 +538,7 @@ class ControlPlane:
         admin = AdminService(self.fleet, self.store, self.publisher, self.id, lambda: self.leadership.is_leader,
                              auth=self.auth, events=self.events, apply_intent=self.apply_intent,
                              slo_ttft_ms=self.cfg.slo_ttft_ms, slo_itl_ms=self.cfg.slo_itl_ms,
-                             scale=self.scale.latest)
+                             scale=self.scale.latest, fence=self.leadership.fence, on_fenced=self._fenced)
         admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
         host = self.cfg.listen.rpartition(":")[0]
         try:

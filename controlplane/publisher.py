@@ -34,9 +34,10 @@ from types import MappingProxyType
 
 import structlog
 from google.protobuf import timestamp_pb2
-from tidegate.controlplane.metrics import Metrics
 
 from tidegate import codec, keys
+from tidegate.controlplane.fenced import put_all
+from tidegate.controlplane.metrics import Metrics
 from tidegate.errors import StoreError
 from tidegate.policy.weights import routing_key
 from tidegate.store.api import Fence, FencedError, Store
@@ -164,11 +165,10 @@ class TablePublisher:
             if current is not None:
                 # Every changed pool at once: a tick's writes cost one etcd round trip, not one per
                 # pool (sequential writes made a tick of tens of pools, and so propagation, slow).
-                results = await asyncio.gather(
-                    *(self._store.put_fenced(keys.table(pool), data, current) for pool, _, _, _, data in changed),
-                    return_exceptions=True)
-                for (pool, gen, rkey, entries, _), res in zip(changed, results, strict=True):
-                    if isinstance(res, BaseException):
+                landed, error = await put_all(self._store, [(keys.table(pool), data) for pool, *_, data in changed],
+                                              current)
+                for (pool, gen, rkey, entries, _), ok in zip(changed, landed, strict=True):
+                    if not ok:
                         continue
                     self._generation[pool] = gen
                     self._published[pool] = rkey
@@ -180,11 +180,8 @@ class TablePublisher:
                         self._metrics.tables_published.labels(pool=pool).inc()
                     log.info("table_published", pool=pool, generation=gen, replicas=len(entries),
                              routable=sum(1 for e in entries if e.weight > 0))
-                # A refused fence first: it decides what happens next.
-                errors = sorted((r for r in results if isinstance(r, BaseException)),
-                                key=lambda e: not isinstance(e, FencedError))
-                if errors:
-                    raise errors[0]
+                if error is not None:
+                    raise error
         except FencedError as e:
             log.warning("publish_fenced", error=str(e))
             self._on_fenced(str(e))

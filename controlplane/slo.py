@@ -8,7 +8,8 @@
   into `tidegate.policy.scale.recommend` inputs, keeps the latest result per pool for
   `ListPools`, sets the gauge `tidegate_pool_recommended_replicas` and writes a
   `ScaleRecommendation` to keys.SCALE + pool when the figure, its binding constraint or the
-  replicas serving change, or when the stored one is older than `refresh_s`.
+  replicas serving change, or when the stored one is older than `refresh_s`. Writes are fenced
+  like the tables (controlplane/fenced.py): a deposed leader's write does not land.
 """
 
 from __future__ import annotations
@@ -19,15 +20,15 @@ from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 from prometheus_client import CollectorRegistry, Gauge
-from tidegate.controlplane.fleet import FleetState
-from tidegate.controlplane.publisher import _timestamp
 
 from tidegate import codec, keys
-from tidegate.errors import StoreError
+from tidegate.controlplane.fenced import FencedWriter
+from tidegate.controlplane.fleet import FleetState
+from tidegate.controlplane.publisher import _timestamp
 from tidegate.policy.registry import SloTargets
 from tidegate.policy.scale import ReplicaLoad, ScaleConfig, recommend
 from tidegate.policy.weights import ROUTABLE_STATES
-from tidegate.store.api import KeyValue, Store
+from tidegate.store.api import Fence, KeyValue, Store
 from tidegate.store.watchcache import WatchCache
 from tidegate.v1 import records_pb2
 
@@ -126,15 +127,15 @@ def _finite(v: float) -> float:
 class ScaleReporter:
     def __init__(self, store: Store, controlplane_id: str, *, registry: CollectorRegistry | None = None,
                  config: ScaleConfig | None = None, refresh_s: float = 30.0,
-                 wall_clock: Callable[[], float] = time.time) -> None:
-        self._store = store
+                 wall_clock: Callable[[], float] = time.time,
+                 on_fenced: Callable[[str], None] = lambda reason: None) -> None:
+        self._writer = FencedWriter(store, "scale", on_fenced)
         self._id = controlplane_id
         self._cfg = config or ScaleConfig()
         self._refresh_s = refresh_s
         self._wall = wall_clock
         self._latest: dict[str, records_pb2.ScaleRecommendation] = {}
         self._written: dict[str, tuple[tuple[object, ...], float]] = {}
-        self._failing = False
         self._gauged: set[str] = set()
         self.gauge = Gauge("tidegate_pool_recommended_replicas",
                            "Replicas each pool needs to meet its SLO at the current demand (absent: no "
@@ -168,28 +169,18 @@ class ScaleReporter:
         self._latest = out
         return out
 
-    async def publish(self, still_leader: Callable[[], bool]) -> list[str]:
-        """Writes the pools whose figure changed (or whose record is due a refresh); never raises
-        StoreError. A deposed leader may land one last write: the next leader overwrites it."""
+    async def publish(self, fence: Callable[[], Fence | None]) -> list[str]:
+        """Writes, fenced by `fence()` (nothing while it is None), the pools whose figure changed
+        (or whose record is due a refresh); returns their names. Never raises StoreError."""
         now = self._wall()
-        written = []
-        try:
-            for pool, msg in sorted(self._latest.items()):
-                key = (msg.recommended_replicas, msg.binding, msg.current_replicas)
-                last = self._written.get(pool)
-                if last is not None and last[0] == key and now - last[1] < self._refresh_s:
-                    continue
-                if not still_leader():
-                    break
-                await self._store.put(keys.scale(pool), codec.encode(msg))
+        due = []
+        for pool, msg in sorted(self._latest.items()):
+            key = (msg.recommended_replicas, msg.binding, msg.current_replicas)
+            last = self._written.get(pool)
+            if last is None or last[0] != key or now - last[1] >= self._refresh_s:
+                due.append((pool, key, msg))
+        landed = await self._writer.write([(keys.scale(pool), codec.encode(msg)) for pool, _, msg in due], fence)
+        for (pool, key, _), ok in zip(due, landed, strict=True):
+            if ok:
                 self._written[pool] = (key, now)
-                written.append(pool)
-        except StoreError as e:
-            if not self._failing:
-                self._failing = True
-                log.warning("scale_publish_failed", error=str(e))
-            return written
-        if self._failing:
-            self._failing = False
-            log.info("scale_publish_recovered")
-        return written
+        return [pool for (pool, _, _), ok in zip(due, landed, strict=True) if ok]

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
+from tidegate import codec, keys
 from tidegate.controlplane.admission_budgets import BudgetPublisher
 from tidegate.controlplane.fleet import FleetState
-from tidegate.router.admission_budgets import AdmissionBudgets
-
-from tidegate import codec, keys
 from tidegate.policy.admission_budget import Tokens
 from tidegate.policy.weights import WeightPolicyConfig
-from tidegate.store.api import KeyValue
+from tidegate.router.admission_budgets import AdmissionBudgets
+from tidegate.store.api import Fence, KeyValue
 from tidegate.store.memory import InMemoryStore
 from tidegate.v1 import records_pb2
 
@@ -27,9 +26,18 @@ def entry(rid: str, state: int = RS.REPLICA_STATE_READY) -> records_pb2.RouteEnt
 SLO = {"m": records_pb2.PoolSlo(pool="m", ttft_s=2.0, tpot_s=0.1)}
 
 
+FENCE_KEY = "/tidegate/v1/election/controlplane/1"
+
+
+async def leader_fence(store: InMemoryStore) -> Fence:
+    await store.put(FENCE_KEY, b"cp")
+    return Fence(FENCE_KEY, store.create_revision(FENCE_KEY))
+
+
 def test_publisher_splits_and_rewrites_only_on_a_real_move() -> None:
     async def go() -> None:
         store = InMemoryStore()
+        fence = await leader_fence(store)
         pub = BudgetPublisher(store, "cp", wall_clock=lambda: 1000.0)
         fleet = FleetState(WeightPolicyConfig(), now=lambda: 0.0)
         tables = {"m": [entry("a"), entry("b"), entry("c", RS.REPLICA_STATE_CORDONED)], "n": [entry("x")]}
@@ -38,14 +46,29 @@ def test_publisher_splits_and_rewrites_only_on_a_real_move() -> None:
         assert (m.total.prefill_tokens, m.total.kv_tokens, m.total.sequences) == (40000, 200000, 320)
         assert m.share_by_router["r1"].prefill_tokens == 30000 + 4000   # its demand + half the leftover
         assert not out["n"].HasField("total") and out["n"].reason == "no SLO targets"
-        assert await pub.publish(lambda: True) == ["m", "n"]
+        assert await pub.publish(lambda: fence) == ["m", "n"]
         stored = codec.decode((await store.get(keys.admission("m"))).value, records_pb2.AdmissionBudget)
         assert set(stored.share_by_router) == {"r1", "r2"}
         pub.compute(tables, fleet, SLO, {"r1", "r2"}, {"m": {"r1": Tokens(30100, 0, 0)}})
-        assert await pub.publish(lambda: True) == []                     # under 2 % of the total
+        assert await pub.publish(lambda: fence) == []                    # under 2 % of the total
         pub.compute(tables, fleet, SLO, {"r1"}, {})
-        assert await pub.publish(lambda: True) == ["m"]                  # a router left
-        assert await pub.publish(lambda: False) == []
+        assert await pub.publish(lambda: None) == []                     # not leading: nothing
+        assert await pub.publish(lambda: fence) == ["m"]                 # a router left
+    asyncio.run(go())
+
+
+def test_publisher_refused_by_its_fence_writes_nothing_and_steps_down() -> None:
+    async def go() -> None:
+        store, reasons = InMemoryStore(), []
+        stale = await leader_fence(store)
+        await store.delete(FENCE_KEY)                                    # its term ended
+        pub = BudgetPublisher(store, "cp", wall_clock=lambda: 1000.0, on_fenced=reasons.append)
+        pub.compute({"m": [entry("a")]}, FleetState(WeightPolicyConfig(), now=lambda: 0.0), SLO, {"r1"}, {})
+        assert await pub.publish(lambda: stale) == []
+        assert reasons and "no longer holds" in reasons[0]
+        assert await store.get(keys.admission("m")) is None
+        fresh = await leader_fence(store)
+        assert await pub.publish(lambda: fresh) == ["m"]                 # not marked written: retried
     asyncio.run(go())
 
 

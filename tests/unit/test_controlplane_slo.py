@@ -9,17 +9,18 @@ from dataclasses import dataclass
 
 import pytest
 from prometheus_client import CollectorRegistry
+
+from tidegate import codec, keys
 from tidegate.controlplane.fleet import FleetState
 from tidegate.controlplane.pools import pool_summaries
 from tidegate.controlplane.slo import ScaleReporter, decode_all, validate
-
-from tidegate import codec, keys
 from tidegate.policy.weights import WeightPolicyConfig
-from tidegate.store.api import KeyValue
+from tidegate.store.api import Fence, KeyValue
 from tidegate.store.memory import InMemoryStore
 from tidegate.v1 import records_pb2, telemetry_pb2
 
 RS = records_pb2.ReplicaState
+FENCE_KEY = "/tidegate/v1/election/controlplane/1"
 
 
 @pytest.mark.parametrize(("pool", "ttft", "tpot", "ok"), [
@@ -108,25 +109,45 @@ async def test_scale_reporter_records_gauge_and_change_rule() -> None:
     assert registry.get_sample_value("tidegate_pool_recommended_replicas", {"pool": "m"}) == 3
     assert registry.get_sample_value("tidegate_pool_recommended_replicas", {"pool": "n"}) is None
 
-    leader = True
-    assert await rep.publish(lambda: leader) == ["m", "n"]
+    fence: Fence | None = await leader_fence(store)
+    assert await rep.publish(lambda: fence) == ["m", "n"]
     stored = codec.decode((await store.get(keys.scale("m"))).value, records_pb2.ScaleRecommendation)
     assert stored.recommended_replicas == 3 and stored.leader_id == "cp-0"
     wall.t += 1
     rep.compute(tables, fleet, {"m": SLO, "n": SLO})  # type: ignore[arg-type]
-    assert await rep.publish(lambda: leader) == []            # same figures: no write
+    assert await rep.publish(lambda: fence) == []             # same figures: no write
     fleet = FakeFleet({f"r{i}": busy(p=10_000.0, g=1200.0) for i in range(4)})
     rep.compute(tables, fleet, {"m": SLO, "n": SLO})  # type: ignore[arg-type]
-    assert await rep.publish(lambda: leader) == ["m"]         # demand doubled: 5 replicas
+    assert await rep.publish(lambda: fence) == ["m"]          # demand doubled: 5 replicas
     assert registry.get_sample_value("tidegate_pool_recommended_replicas", {"pool": "m"}) == 5
     wall.t += 31
     rep.compute(tables, fleet, {"m": SLO, "n": SLO})  # type: ignore[arg-type]
-    leader = False
-    assert await rep.publish(lambda: leader) == []            # a standby writes nothing
-    leader = True
-    assert await rep.publish(lambda: leader) == ["m", "n"]    # refreshed after 30 s
+    held, fence = fence, None
+    assert await rep.publish(lambda: fence) == []             # a standby writes nothing
+    fence = held
+    assert await rep.publish(lambda: fence) == ["m", "n"]     # refreshed after 30 s
     rep.compute(tables, fleet, {})  # type: ignore[arg-type]  # SLO cleared: no figure, no gauge sample
     assert registry.get_sample_value("tidegate_pool_recommended_replicas", {"pool": "m"}) is None
+
+
+async def leader_fence(store: InMemoryStore) -> Fence:
+    await store.put(FENCE_KEY, b"cp-0")
+    return Fence(FENCE_KEY, store.create_revision(FENCE_KEY))
+
+
+async def test_scale_reporter_refused_by_its_fence_writes_nothing_and_steps_down() -> None:
+    store, wall, reasons = InMemoryStore(), FakeWall(), []
+    rep = ScaleReporter(store, "cp-0", registry=CollectorRegistry(), wall_clock=wall, on_fenced=reasons.append)
+    stale = await leader_fence(store)
+    await store.delete(FENCE_KEY)                              # its term ended; another instance leads
+    await store.put(keys.scale("m"), b"the new leader's")
+    rep.compute({"m": [entry(f"r{i}") for i in range(4)]}, FakeFleet({f"r{i}": busy() for i in range(4)}),
+                {"m": SLO})  # type: ignore[arg-type]
+    assert await rep.publish(lambda: stale) == []
+    assert reasons and "no longer holds" in reasons[0]
+    assert (await store.get(keys.scale("m"))).value == b"the new leader's"  # type: ignore[union-attr]
+    fresh = await leader_fence(store)                          # a new term: a new fence
+    assert await rep.publish(lambda: fresh) == ["m"]
 
 
 class FakeViewsFleet:

@@ -4,10 +4,10 @@ fake clocks)."""
 from __future__ import annotations
 
 from test_fleet_state import FakeClock, hello, report  # type: ignore[import-not-found]
-from tidegate.controlplane.faultbook import FaultBook, from_record, persisted, to_record
-from tidegate.controlplane.fleet import FleetState
 
 from tidegate import keys
+from tidegate.controlplane.faultbook import FaultBook, from_record, persisted, to_record
+from tidegate.controlplane.fleet import FleetState
 from tidegate.policy.faults import FaultPolicyConfig, FaultState
 from tidegate.policy.weights import WeightPolicyConfig, decide
 from tidegate.store.api import Fence
@@ -75,6 +75,22 @@ async def test_clean_or_forgotten_replicas_lose_their_record_and_fenced_saves_wr
     fleet.prune()
     await book.save(fleet, lambda: fence)
     assert await store.get(keys.fault("r1")) is None
+
+
+async def test_deposed_leader_keeps_its_successors_record_and_steps_down() -> None:
+    store, clock, reasons = InMemoryStore(), FakeClock(), []
+    fleet = _fleet(clock)
+    fleet.on_report(hello("r1"), report(healthy=False))
+    book = FaultBook(store, "cp-a", now=clock, on_fenced=reasons.append)
+    stale = await _fence(store)
+    await book.save(fleet, lambda: stale)
+    await store.delete(FENCE_KEY)                    # its term ended; the successor writes its own record
+    await store.put(keys.fault("r1"), b"the successor's")
+    clock.t += 31
+    fleet.prune()                                    # forgotten here: the deposed leader would delete it
+    await book.save(fleet, lambda: stale)
+    assert (await store.get(keys.fault("r1"))).value == b"the successor's"  # type: ignore[union-attr]
+    assert reasons and "no longer holds" in reasons[0]
 
 
 async def test_what_this_instance_learnt_itself_wins() -> None:

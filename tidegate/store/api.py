@@ -71,6 +71,10 @@ class Store(Protocol):
 
     async def delete(self, key: str) -> bool: ...
 
+    async def delete_fenced(self, key: str, fence: Fence) -> bool:
+        """`delete` conditioned on `fence`, as `put_fenced`; raises FencedError when it fails."""
+        ...
+
     async def grant_lease(self, ttl_s: int) -> int: ...
 
     async def refresh_lease(self, lease_id: int) -> int:

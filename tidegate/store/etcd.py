@@ -195,11 +195,22 @@ class EtcdStore:
     async def put_fenced(self, key: str, value: bytes, fence: Fence) -> int:
         """One Txn: `create_revision(fence.key) == fence.create_revision` then put. A deposed
         leader (its election key gone or re-created) writes nothing."""
+        r = await self._fenced_txn(
+            etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key.encode(), value=value)), fence)
+        return int(r.header.revision)
+
+    async def delete_fenced(self, key: str, fence: Fence) -> bool:
+        """`delete` in one Txn conditioned on `fence`, like `put_fenced`."""
+        r = await self._fenced_txn(
+            etcdrpc.RequestOp(request_delete_range=etcdrpc.DeleteRangeRequest(key=key.encode())), fence)
+        return int(r.responses[0].response_delete_range.deleted) > 0
+
+    async def _fenced_txn(self, op: Any, fence: Fence) -> Any:
         client = self._connected()
         req = etcdrpc.TxnRequest(
             compare=[etcdrpc.Compare(result=etcdrpc.Compare.EQUAL, target=etcdrpc.Compare.CREATE,
                                      key=fence.key.encode(), create_revision=fence.create_revision)],
-            success=[etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key.encode(), value=value))],
+            success=[op],
         )
         try:
             r = await client.kvstub.Txn(req, timeout=self._timeout_s, metadata=client.metadata)
@@ -207,7 +218,7 @@ class EtcdStore:
             raise _rpc_error(e) from e
         if not r.succeeded:
             raise FencedError(f"fence {fence.key} @ {fence.create_revision} no longer holds")
-        return int(r.header.revision)
+        return r
 
     async def delete(self, key: str) -> bool:
         try:

@@ -122,9 +122,20 @@ class InMemoryStore:
 
     async def put_fenced(self, key: str, value: bytes, fence: Fence) -> int:
         self._check()
+        self._hold(fence)
+        return self._commit([key], bytes(value), 0)
+
+    async def delete_fenced(self, key: str, fence: Fence) -> bool:
+        self._check()
+        self._hold(fence)
+        if key not in self._data:
+            return False
+        self._commit([key], None, 0)
+        return True
+
+    def _hold(self, fence: Fence) -> None:
         if self._created.get(fence.key) != fence.create_revision:
             raise FencedError(f"fence {fence.key} @ {fence.create_revision} no longer holds")
-        return self._commit([key], bytes(value), 0)
 
     def create_revision(self, key: str) -> int:
         """0 when the key does not exist (test hook for fences)."""
