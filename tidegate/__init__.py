@@ -2,9 +2,11 @@
 
 Shared code lives here: the generated contract (`tidegate.v1`), the etcd key
 layout (`keys`), the etcd client wrapper (`store`), the pure policies
-(`policy`), typed config (`config`), logging and the `tidegate` CLI.
-Each process has its own top-level package: `agent`, `controlplane`,
-`router`, `simulator`.
+(`policy`), typed config (`config`), logging, the rules processes share
+(`tokens`, `engine_metrics`) and the `tidegate` CLI. Each process has its own
+package, kept in a top-level folder and installed under this namespace:
+`tidegate.agent`, `tidegate.controlplane`, `tidegate.router`,
+`tidegate.simulator`. The layers are import-linter contracts in pyproject.toml.
 """
 
 __version__ = "0.1.0"
