@@ -56,6 +56,8 @@ def lint(staged: Path, pyproject: Path = PYPROJECT) -> subprocess.CompletedProce
     """Run lint-imports on a staged tree. lint-imports puts its working folder first on sys.path, so the
     staged `tidegate` is the one analysed, not an editable install's."""
     lint_imports = Path(sys.executable).with_name("lint-imports")
+    if not lint_imports.exists():
+        raise SystemExit(f"lint_imports: {lint_imports} not found; install the test extra: pip install -e '.[test]'")
     return subprocess.run([str(lint_imports), "--no-cache", str(pyproject)], cwd=staged,
                           capture_output=True, text=True, check=False)
 
