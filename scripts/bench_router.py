@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -251,6 +252,15 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def _syn_retransmits() -> int:
+    """The machine's TCP SYN retransmissions so far (a dropped connect costs a 1 s retransmit)."""
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split(), values.split(), strict=True)).get("TCPSynRetrans", 0))
+    return 0
+
+
 def _loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -305,8 +315,8 @@ class Bench:
 
     def start_router(self, etcd: str) -> tuple[str, int]:
         a = self.args
-        exe = Path(sys.executable).with_name("tidegate")
-        p = self.spawn([*_pin(a.router_core), str(exe), "router", "--etcd", etcd, "--port", "0", "--seed", "1",
+        cmd = shlex.split(a.router_cmd) if a.router_cmd else [str(Path(sys.executable).with_name("tidegate"))]
+        p = self.spawn([*_pin(a.router_core), *cmd, "router", "--etcd", etcd, "--port", "0", "--seed", "1",
                         "--log-json", *a.router_arg], "router.log")
         line = p.stdout.readline()  # type: ignore[union-attr]
         if not line:
@@ -382,16 +392,18 @@ class Bench:
 
     def latency(self, upstream: str, router: str, pid: int) -> dict[str, Any]:
         a = self.args
-        cpu0, t0 = _cpu_s(pid), time.monotonic()
+        cpu0, t0, syn0 = _cpu_s(pid), time.monotonic(), _syn_retransmits()
         out = _output([*_pin(a.load_core), sys.executable, __file__, "rate", "--targets", f"{upstream},{router}",
                        "--rate", str(a.rate), "--duration", str(a.latency_duration), "--block-s", str(a.block_s)])
         cpu_frac = (_cpu_s(pid) - cpu0) / (time.monotonic() - t0)
         data = json.loads(out)
-        stats: dict[str, Any] = {"rate": a.rate, "failures": data["failures"], "router_cpu_frac": cpu_frac}
+        stats: dict[str, Any] = {"rate": a.rate, "failures": data["failures"], "router_cpu_frac": cpu_frac,
+                                 "syn_retransmits_machine": _syn_retransmits() - syn0}
         for name, target in (("direct", upstream), ("router", router)):
             xs = data["latency_s"][target]
             stats[name] = {"n": len(xs), "p50_ms": 1e3 * statistics.median(xs), "p90_ms": 1e3 * _percentile(xs, 0.9),
-                           "p99_ms": 1e3 * _percentile(xs, 0.99)}
+                           "p99_ms": 1e3 * _percentile(xs, 0.99), "max_ms": 1e3 * max(xs),
+                           "over_100ms": sum(1 for x in xs if x > 0.1)}
         for q in ("p50_ms", "p90_ms", "p99_ms"):
             stats["added_" + q] = stats["router"][q] - stats["direct"][q]
         return stats
@@ -471,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load-core", type=int, default=0, help="core of the upstream and load generators")
     ap.add_argument("--router-arg", action="append", default=[],
                     help="extra flag for `tidegate router` (repeat), e.g. --router-arg=--policy=round_robin")
+    ap.add_argument("--router-cmd", help="command that stands for `tidegate` (default: the venv's), e.g. to "
+                                         "compare with another checkout")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
     if args.cmd:
