@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from etcd_records import etcd_json  # type: ignore[import-not-found]
 from polling import wait_until  # type: ignore[import-not-found]
 from test_cli import Cli  # type: ignore[import-not-found]
-from test_pool_slo import _etcd_json  # type: ignore[import-not-found]
 from test_rates_published import WORDS  # type: ignore[import-not-found]
 
 from tidegate.fleet import endpoints
@@ -42,15 +42,13 @@ def fleet(fresh_etcd: Any, tmp_path: Path) -> Iterator[tuple[Fleet, dict[str, An
     try:
         info = fl.start()
         endpoints.write(tmp_path / "home" / "endpoints.json", info)
-        second = fl._child("router-1", "router", "--etcd", info["etcd"], "--port", "0", "--region", "local",
-                           "--router-id", "router-1", "--log-level", "info", "--log-json")
-        yield fl, info, Cli(tmp_path / "home"), f"http://127.0.0.1:{second.wait_port()}"
+        yield fl, info, Cli(tmp_path / "home"), fl.add_router("router-1")
     finally:
         fl.stop()
 
 
 def _budget(info: dict[str, Any]) -> dict[str, Any]:
-    return _etcd_json(info, f"/tidegate/v1/admission/{MODEL}")
+    return etcd_json(info["etcd"], f"/tidegate/v1/admission/{MODEL}")
 
 
 def _send(url: str, prompt: str, max_tokens: int = MAX_TOKENS) -> int:
@@ -116,7 +114,7 @@ def test_two_routers_share_one_budget(fleet: tuple[Fleet, dict[str, Any], Cli, s
     assert codes[0::2].count(200) > 0 and codes[1::2].count(200) > 0
 
     # One router dies without a goodbye: its lease expires and the other gets the whole budget.
-    child = next(c for c in fl.children if c.name == "router-1")
+    child = fl.child("router-1")
     assert child.proc is not None
     child.proc.send_signal(signal.SIGKILL)
     child.proc.wait(timeout=10)

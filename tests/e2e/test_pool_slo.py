@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from etcd_records import etcd_json  # type: ignore[import-not-found]
 from polling import wait_until  # type: ignore[import-not-found]
 from test_cli import Cli  # type: ignore[import-not-found]
 from test_rates_published import WORDS  # type: ignore[import-not-found]
@@ -49,14 +47,6 @@ def _router_slo(info: dict[str, Any]) -> Any:
         return json.loads(resp.read())["pools"].get(MODEL, {}).get("slo", "no pool")
 
 
-def _etcd_json(info: dict[str, Any], key: str) -> dict[str, Any]:
-    etcdctl = shutil.which("etcdctl") or str(Path(sys.executable).parent / "etcdctl")
-    out = subprocess.run([etcdctl, f"--endpoints={info['etcd']}", "get", key, "--print-value-only"],
-                         capture_output=True, text=True, timeout=10)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout) if out.stdout.strip() else {}
-
-
 def _complete(info: dict[str, Any], prompt: str) -> None:
     req = urllib.request.Request(info["router_url"] + "/v1/completions", method="POST",
                                  data=json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 48}).encode(),
@@ -73,7 +63,7 @@ def _pool(cli: Cli) -> dict[str, Any]:
 def _restart_controlplane(fl: Fleet, info: dict[str, Any]) -> None:
     """Stop the only control plane and start a fresh process on the same address (agents and
     the CLI keep their configured address)."""
-    cp = next(c for c in fl.children if c.name == "controlplane-0")
+    cp = fl.child("controlplane-0")
     cp.stop()
     port = info["controlplane"].rpartition(":")[2]
     cp.argv = [a if a != "127.0.0.1:0" else f"127.0.0.1:{port}" for a in cp.argv]
@@ -94,10 +84,10 @@ def test_pool_slo_end_to_end(fleet: tuple[Fleet, dict[str, Any], Cli]) -> None:
     assert again["message"] == "unchanged"
 
     # Persisted in etcd, readable by an operator, and copied into the pool's routing table.
-    stored = _etcd_json(info, f"/tidegate/v1/slos/{MODEL}")
+    stored = etcd_json(info["etcd"], f"/tidegate/v1/slos/{MODEL}")
     assert (stored["ttftS"], stored["tpotS"], stored["actor"]) == (2.0, 0.1, "sre:local-operator")
     wait_until(lambda: _router_slo(info) == {"ttft_s": 2.0, "tpot_s": 0.1}, 10, "the router to hold the SLO")
-    assert _etcd_json(info, f"/tidegate/v1/tables/{MODEL}")["slo"]["ttftS"] == 2.0
+    assert etcd_json(info["etcd"], f"/tidegate/v1/tables/{MODEL}")["slo"]["ttftS"] == 2.0
 
     # Shown by `get pools` (JSON and table) and `pool get-slo`; audited.
     pool = _pool(cli)
@@ -132,7 +122,7 @@ def test_pool_slo_end_to_end(fleet: tuple[Fleet, dict[str, Any], Cli]) -> None:
 
     # The control plane goes away: the router keeps the SLO it holds; a fresh process reads it
     # back from etcd, shows it and publishes changes.
-    cp = next(c for c in fl.children if c.name == "controlplane-0")
+    cp = fl.child("controlplane-0")
     cp.stop()
     assert _router_slo(info) == {"ttft_s": 2.0, "tpot_s": 0.1}
     _restart_controlplane(fl, info)
@@ -143,12 +133,12 @@ def test_pool_slo_end_to_end(fleet: tuple[Fleet, dict[str, Any], Cli]) -> None:
     r = cli("pool", "set-slo", MODEL, "--ttft", "1500ms", "--tpot", "80ms")
     assert r.returncode == 0, r.stderr
     wait_until(lambda: _router_slo(info) == {"ttft_s": 1.5, "tpot_s": 0.08}, 10, "the router to get the new SLO")
-    assert _etcd_json(info, f"/tidegate/v1/scale/{MODEL}")["pool"] == MODEL
+    assert etcd_json(info["etcd"], f"/tidegate/v1/scale/{MODEL}")["pool"] == MODEL
 
     # Cleared: gone from etcd, from the table and from the router; get-slo of the pool says so.
     cleared = cli.json("pool", "clear-slo", MODEL)
     assert cleared["message"] == "cleared"
     assert cli.json("pool", "clear-slo", MODEL)["message"] == "no SLO set"
     wait_until(lambda: _router_slo(info) is None, 10, "the router to drop the SLO")
-    assert _etcd_json(info, f"/tidegate/v1/slos/{MODEL}") == {}
+    assert etcd_json(info["etcd"], f"/tidegate/v1/slos/{MODEL}") == {}
     assert cli("pool", "get-slo", MODEL).returncode == exitcodes.NOT_FOUND

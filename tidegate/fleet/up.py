@@ -264,16 +264,33 @@ class Fleet:
         self._wait_routable(router_url)
         return self.info
 
-    def _start_router(self) -> str:
+    def _start_router(self, name: str = "router", router_id: str = "router-0", port: int | None = None) -> str:
         router = self._child(
-            "router", "router", *self._etcd_access, "--port", str(self.cfg.router_port), "--region",
-            self.cfg.region, "--router-id", "router-0", *self._router_flags(), *self._common())
+            name, "router", *self._etcd_access, "--port", str(self.cfg.router_port if port is None else port),
+            "--region", self.cfg.region, "--router-id", router_id, *self._router_flags(), *self._common())
         return f"http://127.0.0.1:{router.wait_port()}"
+
+    def child(self, name: str) -> Child:
+        """The process named `name` ("controlplane-0", "agent-1", "router", ...); KeyError if none."""
+        for c in self.children:
+            if c.name == name:
+                return c
+        raise KeyError(f"no child process named {name!r} (have {[c.name for c in self.children]})")
+
+    def add_router(self, router_id: str) -> str:
+        """Starts one more router on the started fleet (same etcd, policy and admission flags as the
+        first, an ephemeral port), named `router_id` in `children` and `info["pids"]`; returns its URL
+        once it listens (it serves as soon as it has read the tables)."""
+        if not self.info:
+            raise RuntimeError("add_router: start the fleet first")
+        url = self._start_router(router_id, router_id, 0)
+        self.info["pids"][router_id] = self.children[-1].pid
+        return url
 
     def restart_router(self, policy: str) -> str:
         """Replace the router by a fresh one running `policy` (same id, so it takes over the old
         one's presence key and admission share); returns its URL once every replica is routable."""
-        old = next(c for c in self.children if c.name == "router")
+        old = self.child("router")
         old.stop()
         self.children.remove(old)
         self.cfg = self.cfg.model_copy(update={"policy": policy})
