@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -49,6 +51,32 @@ def distinct_bodies(n: int, prompt_tokens: int, max_tokens: int) -> list[dict]:
     their KV blocks through the prefix cache."""
     return [{"model": MODEL, "prompt": f"{i:04d}" + "x" * (4 * prompt_tokens - 4), "max_tokens": max_tokens}
             for i in range(n)]
+
+
+@contextlib.asynccontextmanager
+async def under_kv_pressure(n: int, prompt_tokens: int, max_tokens: int, *, flavor: str = "vllm"
+                            ) -> AsyncIterator[tuple[Any, str, aiohttp.ClientSession, list[asyncio.Task]]]:
+    """A sim server (speedup 20) with `n` distinct completions in flight, entered once some wait
+    with over half the KV cache in use; yields (the app's sim, base URL, session, the requests'
+    tasks). Requests still in flight on exit are cancelled."""
+    runner, app, base = await start(speedup=20.0, flavor=flavor)
+    sim = app[SIM_KEY]
+    tasks: list[asyncio.Task] = []
+    try:
+        async with aiohttp.ClientSession() as session:
+            tasks = [asyncio.create_task(session.post(base + "/v1/completions", json=b))
+                     for b in distinct_bodies(n, prompt_tokens, max_tokens)]
+            for _ in range(2000):
+                stats = sim.engine.stats()
+                if stats.waiting > 0 and stats.kv_usage > 0.5:
+                    break
+                await asyncio.sleep(0.005)
+            yield sim, base, session, tasks
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await runner.cleanup()
 
 
 @pytest.fixture
@@ -218,35 +246,19 @@ async def test_v0_metrics_flavor():
 
 
 async def test_load_shows_in_gauges_and_kv_pressure_preempts():
-    runner, app, base = await start(speedup=20.0)
-    sim = app[SIM_KEY]
-    tasks: list[asyncio.Task] = []
-    try:
-        async with aiohttp.ClientSession() as session:
-            tasks = [asyncio.create_task(session.post(base + "/v1/completions", json=b))
-                     for b in distinct_bodies(16, 3000, 600)]
-            for _ in range(2000):
-                stats = sim.engine.stats()
-                if stats.waiting > 0 and stats.kv_usage > 0.5:
-                    break
-                await asyncio.sleep(0.005)
-            async with session.get(base + "/metrics") as r:
-                fams = metric_families(await r.text())
-            assert sample(fams, "vllm:num_requests_running") > 0
-            assert sample(fams, "vllm:kv_cache_usage_perc") > 0.5
-            responses = await asyncio.gather(*tasks)
-            for resp in responses:
-                assert (await resp.json())["usage"]["completion_tokens"] == 600
-                resp.release()
+    async with under_kv_pressure(16, 3000, 600) as (sim, base, session, tasks):
+        async with session.get(base + "/metrics") as r:
+            fams = metric_families(await r.text())
+        assert sample(fams, "vllm:num_requests_running") > 0
+        assert sample(fams, "vllm:kv_cache_usage_perc") > 0.5
+        responses = await asyncio.gather(*tasks)
+        for resp in responses:
+            assert (await resp.json())["usage"]["completion_tokens"] == 600
+            resp.release()
         s = sim.engine.stats()
         assert s.used_blocks == 0 and s.requests_finished_total == 16
         # 10 prompts of 3k tokens fit in 32k tokens of KV, but not once each grows by 600 outputs
         assert s.preemptions_total > 0
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await runner.cleanup()
 
 
 async def test_client_disconnect_aborts_request():
@@ -321,44 +333,33 @@ async def test_agent_parser_reads_every_flavor(flavor):
     """The agent's adapter (tidegate.engine_metrics.parse_metrics) on the sim's real /metrics, under load."""
     from tidegate.engine_metrics import TelemetryParseError, parse_metrics
 
-    runner, app, base = await start(speedup=20.0, flavor=flavor)
-    sim = app[SIM_KEY]
-    tasks: list[asyncio.Task] = []
-    try:
-        async with aiohttp.ClientSession() as session:
-            tasks = [asyncio.create_task(session.post(base + "/v1/completions", json=b))
-                     for b in distinct_bodies(14, 3000, 400)]
-            for _ in range(2000):
-                s = sim.engine.stats()
-                if s.waiting > 0 and s.kv_usage > 0.5:
-                    break
-                await asyncio.sleep(0.005)
-            # Record what the exposition itself read from the engine (the driver keeps stepping).
-            seen = []
-            stats = sim.engine.stats
-            sim.engine.stats = lambda: seen.append(stats()) or seen[-1]
-            async with session.get(base + "/metrics") as r:
-                text = await r.text()
-            del sim.engine.stats
-            s = seen[-1]
-            sample = parse_metrics(text, MODEL)
-            assert (sample.running, sample.waiting) == (s.running, s.waiting)
-            assert s.running > 0 and s.waiting > 0
-            assert sample.kv_usage == pytest.approx(s.kv_usage) and sample.kv_usage > 0.5
-            assert sample.kv_capacity_tokens == 2048 * 16
-            with pytest.raises(TelemetryParseError):  # the model_name label is there and filters
-                parse_metrics(text, "another-model")
-            if flavor == "sglang":
-                assert sample.engine == "sglang" and SGLANG_NAMES <= set(metric_families(text))
-                assert all(s.labels.get("model_name") == MODEL
-                           for f in metric_families(text).values() for s in f.samples if "le" not in s.labels)
-            else:
-                assert sample.engine == "vllm"
-            responses = await asyncio.gather(*tasks)
-            for resp in responses:
-                resp.release()
-            async with session.get(base + "/metrics") as r:
-                done = parse_metrics(await r.text(), MODEL)
+    async with under_kv_pressure(14, 3000, 400, flavor=flavor) as (sim, base, session, tasks):
+        # Record what the exposition itself read from the engine (the driver keeps stepping).
+        seen = []
+        stats = sim.engine.stats
+        sim.engine.stats = lambda: seen.append(stats()) or seen[-1]
+        async with session.get(base + "/metrics") as r:
+            text = await r.text()
+        del sim.engine.stats
+        s = seen[-1]
+        sample = parse_metrics(text, MODEL)
+        assert (sample.running, sample.waiting) == (s.running, s.waiting)
+        assert s.running > 0 and s.waiting > 0
+        assert sample.kv_usage == pytest.approx(s.kv_usage) and sample.kv_usage > 0.5
+        assert sample.kv_capacity_tokens == 2048 * 16
+        with pytest.raises(TelemetryParseError):  # the model_name label is there and filters
+            parse_metrics(text, "another-model")
+        if flavor == "sglang":
+            assert sample.engine == "sglang" and SGLANG_NAMES <= set(metric_families(text))
+            assert all(s.labels.get("model_name") == MODEL
+                       for f in metric_families(text).values() for s in f.samples if "le" not in s.labels)
+        else:
+            assert sample.engine == "vllm"
+        responses = await asyncio.gather(*tasks)
+        for resp in responses:
+            resp.release()
+        async with session.get(base + "/metrics") as r:
+            done = parse_metrics(await r.text(), MODEL)
         s = sim.engine.stats()
         assert (done.running, done.waiting, done.kv_usage) == (0, 0, 0.0)
         assert done.generation_tokens_total == s.generation_tokens_total == 14 * 400
@@ -368,11 +369,6 @@ async def test_agent_parser_reads_every_flavor(flavor):
             assert done.preemptions_total is None
         else:
             assert done.preemptions_total == s.preemptions_total
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await runner.cleanup()
 
 
 async def test_prefix_cache_counters_in_metrics():
