@@ -11,13 +11,14 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-import test_controlplane as tcp  # type: ignore[import-not-found]
-from test_controlplane import (  # type: ignore[import-not-found]
+from cpkit import (  # type: ignore[import-not-found]
     OPERATOR_MD,
     TIDEGATE,
     VIEWER_MD,
+    FakeAgent,
     entry,
     eventually,
+    leader_is,
     stop_cp,
     table_probe,
 )
@@ -28,12 +29,9 @@ from tidegate.v1 import admin_pb2, admin_pb2_grpc, records_pb2, telemetry_pb2
 
 pytestmark = pytest.mark.e2e
 RS = records_pb2.ReplicaState
-# Fixtures shared with test_controlplane.py: control-plane processes and an etcd client.
-cps = tcp.cps
-store = tcp.store
 
 
-class Agent(tcp.FakeAgent):
+class Agent(FakeAgent):
     """A FakeAgent (reconnecting across addresses) whose reports carry `running`, `waiting` and
     `xids` (sent once)."""
 
@@ -100,7 +98,7 @@ async def test_tokens_roles_and_bad_token_file(cps: Any, store: EtcdStore, tmp_p
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await admin.ListReplicas(admin_pb2.ListReplicasRequest(), metadata=(("authorization", "Bearer nope"),))
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        await eventually(_leader(store, "cp-a"), 15, "cp-a leads")
+        await eventually(lambda: leader_is(store, "cp-a"), 15, "cp-a leads")
         # The election record names cp-a a moment before cp-a's campaign returns; in between it
         # answers UNAVAILABLE ("retry"), as a client is told to.
         await eventually(_serves(admin), 10, "cp-a serves as leader")
@@ -243,7 +241,7 @@ async def test_restart_mid_drain_keeps_intent(cps: Any, store: EtcdStore) -> Non
             await admin.Drain(admin_pb2.DrainRequest(selector=sel("r1"), timeout_s=120), metadata=OPERATOR_MD)
         assert await stop_cp(a) == 0
         b = await cps("cp-b", "--election-ttl-s", "2")
-        await eventually(_leader(store, "cp-b"), 15, "cp-b leads")
+        await eventually(lambda: leader_is(store, "cp-b"), 15, "cp-b leads")
         agent.channels.append(grpc.aio.insecure_channel(b.address))
         intent = await store.get(keys.intent("r1"))
         assert intent is not None and codec.decode(intent.value, records_pb2.ReplicaIntent).draining
@@ -262,7 +260,7 @@ async def test_restart_mid_drain_keeps_intent(cps: Any, store: EtcdStore) -> Non
 
 async def test_standby_forwards_to_leader(cps: Any, store: EtcdStore) -> None:
     a = await cps("cp-a", "--election-ttl-s", "2")
-    await eventually(_leader(store, "cp-a"), 15, "cp-a leads")
+    await eventually(lambda: leader_is(store, "cp-a"), 15, "cp-a leads")
     b = await cps("cp-b", "--election-ttl-s", "2")
     agent = Agent([a.address], "r1").start()
     try:
@@ -290,14 +288,6 @@ def _serves(admin: Any) -> Any:
                 raise
             return False
         return True
-    return probe
-
-
-def _leader(etcd: EtcdStore, cp_id: str) -> Any:
-    async def probe() -> bool:
-        listing = await etcd.list_prefix(keys.ELECTION)
-        return any(codec.decode(kv.value, records_pb2.LeaderRecord).controlplane_id == cp_id
-                   for kv in listing.items[:1])
     return probe
 
 

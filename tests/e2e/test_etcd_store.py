@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -26,14 +26,6 @@ async def until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
         while not cond():
             await asyncio.sleep(0.02)
     await asyncio.wait_for(poll(), timeout_s)
-
-
-@pytest.fixture
-async def store(clean_etcd: str) -> AsyncIterator[EtcdStore]:
-    s = EtcdStore([clean_etcd], timeout_s=2.0)
-    await s.connect()
-    yield s
-    await s.close()
 
 
 async def test_put_get_list_delete(store: EtcdStore) -> None:

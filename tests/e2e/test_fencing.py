@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -23,12 +22,6 @@ from tidegate.v1 import records_pb2
 pytestmark = pytest.mark.e2e
 
 NAME = "/tidegate/v1/election/fence-test"
-
-
-@pytest.fixture
-async def store(clean_etcd: str) -> AsyncIterator[EtcdStore]:
-    async with EtcdStore([clean_etcd]) as s:
-        yield s
 
 
 def _entry(rid: str) -> records_pb2.RouteEntry:

@@ -13,8 +13,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-import test_controlplane as tcp  # type: ignore[import-not-found]
-from test_controlplane import (  # type: ignore[import-not-found]
+from cpkit import (  # type: ignore[import-not-found]
     AGENT_TOKEN,
     NODE_A_TOKEN,
     NODE_B_TOKEN,
@@ -22,6 +21,9 @@ from test_controlplane import (  # type: ignore[import-not-found]
     bearer,
     entry,
     eventually,
+    leader_is,
+    start_cp,
+    stop_cp,
     table_probe,
 )
 
@@ -31,8 +33,6 @@ from tidegate.v1 import records_pb2, telemetry_pb2, telemetry_pb2_grpc
 
 pytestmark = pytest.mark.e2e
 RS = records_pb2.ReplicaState
-cps = tcp.cps
-store = tcp.store
 
 LEGIT = "http://127.0.0.1:9001"
 RESTARTED = "http://127.0.0.1:9002"
@@ -114,7 +114,7 @@ async def one_stream(address: str, token: str | None, h: telemetry_pb2.Hello, se
 
 
 async def leading(etcd: EtcdStore, cp_id: str) -> None:
-    await eventually(lambda: tcp._leader_is(etcd, cp_id), 15, f"{cp_id} to lead")
+    await eventually(lambda: leader_is(etcd, cp_id), 15, f"{cp_id} to lead")
 
 
 async def endpoint_of(etcd: EtcdStore, rid: str, endpoint: str) -> None:
@@ -223,26 +223,26 @@ async def test_stream_may_not_switch_endpoint(cps: Any, store: EtcdStore) -> Non
 
 async def test_without_credentials_every_stream_is_refused(store: EtcdStore, clean_etcd: str,
                                                            tmp_path: Path) -> None:
-    cp = await tcp.start_cp(clean_etcd, "cp-bare", tmp_path, "--telemetry-credentials-file", "")
+    cp = await start_cp(clean_etcd, "cp-bare", tmp_path, "--telemetry-credentials-file", "")
     try:
         code = await one_stream(cp.address, AGENT_TOKEN, hello("a-1", LEGIT), 0.5)
         assert code == C.UNAUTHENTICATED
         assert "telemetry_auth_unconfigured" in cp.log.read_text()
         await leading(store, "cp-bare")  # stop it as a running instance, not mid-campaign
     finally:
-        assert await tcp.stop_cp(cp) == 0
+        assert await stop_cp(cp) == 0
 
 
 async def test_insecure_mode_is_explicit_and_still_checks_endpoints(store: EtcdStore, clean_etcd: str,
                                                                     tmp_path: Path) -> None:
-    cp = await tcp.start_cp(clean_etcd, "cp-dev", tmp_path, "--telemetry-insecure")
+    cp = await start_cp(clean_etcd, "cp-dev", tmp_path, "--telemetry-insecure")
     try:
         await leading(store, "cp-dev")
         assert await one_stream(cp.address, None, hello("x-1", "http://198.51.100.1:80"), 0.5) == C.PERMISSION_DENIED
         assert await one_stream(cp.address, None, hello("x-1", LEGIT), 0.5) == C.OK
         assert "telemetry_insecure" in cp.log.read_text()
     finally:
-        assert await tcp.stop_cp(cp) == 0
+        assert await stop_cp(cp) == 0
 
 
 async def test_revoked_token_ends_its_stream(cps: Any, store: EtcdStore, tmp_path: Path) -> None:
