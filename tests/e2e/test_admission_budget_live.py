@@ -8,7 +8,6 @@ presence lease expires, and its share goes back to the other."""
 from __future__ import annotations
 
 import json
-import random
 import signal
 import urllib.error
 import urllib.request
@@ -19,12 +18,10 @@ from typing import Any
 
 import pytest
 from etcd_records import etcd_json  # type: ignore[import-not-found]
+from livefleet import Cli, distinct_prompts, up_fleet  # type: ignore[import-not-found]
 from polling import wait_until  # type: ignore[import-not-found]
-from test_cli import Cli  # type: ignore[import-not-found]
-from test_rates_published import WORDS  # type: ignore[import-not-found]
 
-from tidegate.fleet import endpoints
-from tidegate.fleet.up import Fleet, UpConfig
+from tidegate.fleet.up import Fleet
 from tidegate.tokens import count_completion_prompt_tokens
 
 pytestmark = pytest.mark.e2e
@@ -36,15 +33,8 @@ ROUTER_TTL_S = 10   # router/main.py PRESENCE_TTL_S
 
 @pytest.fixture
 def fleet(fresh_etcd: Any, tmp_path: Path) -> Iterator[tuple[Fleet, dict[str, Any], Cli, str]]:
-    cfg = UpConfig(replicas=1, model=MODEL, profile="llama3-8b-h100", etcd=(fresh_etcd.endpoint,),
-                   run_dir=tmp_path / "run", report_interval_s=0.5, ready_timeout_s=60)
-    fl = Fleet(cfg)
-    try:
-        info = fl.start()
-        endpoints.write(tmp_path / "home" / "endpoints.json", info)
-        yield fl, info, Cli(tmp_path / "home"), fl.add_router("router-1")
-    finally:
-        fl.stop()
+    with up_fleet(tmp_path, fresh_etcd.endpoint, MODEL) as (fl, info, cli):
+        yield fl, info, cli, fl.add_router("router-1")
 
 
 def _budget(info: dict[str, Any]) -> dict[str, Any]:
@@ -78,10 +68,8 @@ def test_two_routers_share_one_budget(fleet: tuple[Fleet, dict[str, Any], Cli, s
 
     # Engine rates are fitted from telemetry (no profile prior here): give the fit some evidence
     # while the pool has no SLO, hence no budget.
-    rng = random.Random(7)
-    warm = [" ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(500)) for _ in range(24)]
     with ThreadPoolExecutor(max_workers=8) as pool:
-        assert set(pool.map(lambda p: _send(info["router_url"], p, 48), warm)) == {200}
+        assert set(pool.map(lambda p: _send(info["router_url"], p, 48), distinct_prompts(7, 24, 500))) == {200}
     r = cli("pool", "set-slo", MODEL, "--ttft", "250ms", "--tpot", "100ms")   # from now on, a budget
     assert r.returncode == 0, r.stderr
 
@@ -97,8 +85,7 @@ def test_two_routers_share_one_budget(fleet: tuple[Fleet, dict[str, Any], Cli, s
     total = budget["total"]
     assert sum(s["prefillTokens"] for s in shares.values()) == pytest.approx(total["prefillTokens"], rel=1e-6)
 
-    rng = random.Random(11)
-    prompts = [" ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(400)) for _ in range(300)]
+    prompts = distinct_prompts(11, 300, 400)
     size = max(count_completion_prompt_tokens(p) for p in prompts)
     expected = _capacity(total, budget["classFraction"]["standard"], size)
     # The budget follows the fitted engine rates, which vary from run to run (30-160 requests seen).

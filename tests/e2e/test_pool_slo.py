@@ -6,7 +6,6 @@ is audited, survives a control-plane restart, and clears."""
 from __future__ import annotations
 
 import json
-import random
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,12 +14,10 @@ from typing import Any
 
 import pytest
 from etcd_records import etcd_json  # type: ignore[import-not-found]
+from livefleet import Cli, complete, distinct_prompts, up_fleet  # type: ignore[import-not-found]
 from polling import wait_until  # type: ignore[import-not-found]
-from test_cli import Cli  # type: ignore[import-not-found]
-from test_rates_published import WORDS  # type: ignore[import-not-found]
 
-from tidegate.fleet import endpoints
-from tidegate.fleet.up import Fleet, UpConfig
+from tidegate.fleet.up import Fleet
 from tidegate.ops import exitcodes
 
 pytestmark = pytest.mark.e2e
@@ -30,30 +27,13 @@ MODEL = "slo-model"
 
 @pytest.fixture
 def fleet(fresh_etcd: Any, tmp_path: Path) -> Iterator[tuple[Fleet, dict[str, Any], Cli]]:
-    # A real step-time profile (not "instant"), so the control plane can fit engine rates.
-    cfg = UpConfig(replicas=1, model=MODEL, profile="llama3-8b-h100", etcd=(fresh_etcd.endpoint,),
-                   run_dir=tmp_path / "run", report_interval_s=0.5, ready_timeout_s=60)
-    fl = Fleet(cfg)
-    try:
-        info = fl.start()
-        endpoints.write(tmp_path / "home" / "endpoints.json", info)
-        yield fl, info, Cli(tmp_path / "home")
-    finally:
-        fl.stop()
+    with up_fleet(tmp_path, fresh_etcd.endpoint, MODEL) as started:
+        yield started
 
 
 def _router_slo(info: dict[str, Any]) -> Any:
     with urllib.request.urlopen(info["router_url"] + "/health", timeout=5) as resp:
         return json.loads(resp.read())["pools"].get(MODEL, {}).get("slo", "no pool")
-
-
-def _complete(info: dict[str, Any], prompt: str) -> None:
-    req = urllib.request.Request(info["router_url"] + "/v1/completions", method="POST",
-                                 data=json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 48}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        assert resp.status == 200
-        resp.read()
 
 
 def _pool(cli: Cli) -> dict[str, Any]:
@@ -102,10 +82,8 @@ def test_pool_slo_end_to_end(fleet: tuple[Fleet, dict[str, Any], Cli]) -> None:
 
     # With an SLO and engine rates fitted from the replica's telemetry, the pool gets a figure.
     # Distinct long prompts (no prefix-cache hits), enough evidence for the rate estimator.
-    rng = random.Random(7)
-    prompts = [" ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(500)) for _ in range(24)]
     with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(lambda p: _complete(info, p), prompts))
+        list(pool.map(lambda p: complete(info["router_url"], MODEL, p), distinct_prompts(7, 24, 500)))
     try:
         wait_until(lambda: _pool(cli)["recommended_replicas"] >= 1, 30, "a scale recommendation")
     except AssertionError as e:

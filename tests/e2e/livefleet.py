@@ -1,0 +1,71 @@
+"""A `tidegate up` fleet for end-to-end tests, and what they do with it: the operations CLI
+through its real entry point, distinct prompts, completions through the router."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tidegate.fleet import endpoints
+from tidegate.fleet.up import Fleet, UpConfig
+
+WORDS = ("tide", "gate", "river", "stone", "harbour", "lantern", "meadow", "signal", "copper", "orbit")
+
+
+class Cli:
+    """`python -m tidegate.cli.main ...` as a subprocess that finds the fleet through `home`'s
+    endpoints file, as it does after `tidegate up` (no TIDEGATE_* overrides from the caller)."""
+
+    def __init__(self, home: Path) -> None:
+        self.env = dict(os.environ, TIDEGATE_HOME=str(home), COLUMNS="200")
+        for k in ("TIDEGATE_TOKEN", "TIDEGATE_CONTROLPLANE", "TIDEGATE_TOKEN_FILE", "TIDEGATE_ENDPOINTS_FILE"):
+            self.env.pop(k, None)
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+                 ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tidegate.cli.main", *args], capture_output=True, text=True,
+                              env={**self.env, **(env or {})}, timeout=timeout)
+
+    def json(self, *args: str) -> Any:
+        r = self(*args, "-o", "json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+
+@contextlib.contextmanager
+def up_fleet(tmp_path: Path, etcd: str, model: str, *, replicas: int = 1, profile: str = "llama3-8b-h100"
+             ) -> Iterator[tuple[Fleet, dict[str, Any], Cli]]:
+    """A started fleet on `etcd` (run files under tmp_path/run) and a CLI pointed at it (its
+    endpoints file under tmp_path/home); stopped on exit. The default profile is a real step-time
+    model (not "instant"), so the control plane can fit engine rates."""
+    cfg = UpConfig(replicas=replicas, model=model, profile=profile, etcd=(etcd,), run_dir=tmp_path / "run",
+                   report_interval_s=0.5, ready_timeout_s=60)
+    with Fleet(cfg) as fl:
+        info = fl.start()
+        endpoints.write(tmp_path / "home" / "endpoints.json", info)
+        yield fl, info, Cli(tmp_path / "home")
+
+
+def distinct_prompts(seed: int, n: int, words: int) -> list[str]:
+    """`n` prompts of `words` numbered words: no two share a prefix, so none hits the prefix
+    cache and each is real prefill work for the engine."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(words)) for _ in range(n)]
+
+
+def complete(router_url: str, model: str, prompt: str, max_tokens: int = 48) -> None:
+    """One completion through the router; it must succeed."""
+    req = urllib.request.Request(router_url + "/v1/completions", method="POST",
+                                 data=json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.status == 200
+        resp.read()
