@@ -110,6 +110,10 @@ class SimulateConfig(ConfigBase, AdmissionFields):
     router_spread: str = Field("rr", description="How requests reach the routers: rr (round-robin, like an L4 "
                                                  "balancer) or hash (by session key: the first prefix hash).")
     max_requests: int | None = Field(None, ge=1, description="Replay only the first M requests of the trace.")
+    replica_ids: tuple[str, ...] = Field((), description="The replicas' ids, comma-separated, one per replica "
+                                                        "(default replica-00, replica-01, ...): prefix affinity's "
+                                                        "rendezvous homes hash them, so a comparison with a live "
+                                                        "fleet gives its ids.")
     hide_max_tokens: bool = Field(False, description="Send requests without max_tokens (the replay otherwise sets "
                                                      "it to the true output length, which flatters policies that "
                                                      "read it).")
@@ -135,7 +139,7 @@ class SimulateConfig(ConfigBase, AdmissionFields):
     def _loads(cls, v: Any) -> tuple[float, ...]:
         return tuple(float(x) for x in _split(v))
 
-    @field_validator("profile", "policy", mode="before")
+    @field_validator("profile", "policy", "replica_ids", mode="before")
     @classmethod
     def _names(cls, v: Any) -> tuple[str, ...]:
         return _split(v)
@@ -283,6 +287,7 @@ def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
                      scrape_interval_s=None if cfg.scrape_ms is None else cfg.scrape_ms / 1000.0,
                      routers=routers, router_spread=cfg.router_spread, admission=admission,
                      budgets=BudgetConfig() if admission is not None and cfg.admission_budgets else None,
+                     replica_ids=cfg.replica_ids,
                      hide_max_tokens=cfg.hide_max_tokens)
 
 
@@ -462,6 +467,9 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(cfg.log_level, cfg.log_json, process="simulate")
     try:
         profiles = fleet_profiles(cfg.profile, cfg.replicas)
+        if cfg.replica_ids and len(set(cfg.replica_ids)) != len(profiles):
+            raise ValueError(f"--replica-ids names {len(set(cfg.replica_ids))} distinct replicas, the fleet has "
+                             f"{len(profiles)}")
         policies = policy_names(cfg.policy)
         plotter = None
         if cfg.plot is not None:

@@ -124,6 +124,9 @@ class SimConfig:
     # delivered when the publisher would write it; None: no budget, as before.
     budgets: BudgetConfig | None = None
     budget_refresh_s: float = 30.0      # the publisher's rewrite of an unmoved record
+    # The replicas' ids, one per profile (default replica-00, replica-01, ...). Rendezvous homes of
+    # prefix affinity hash them, so a comparison with a live fleet gives that fleet's ids.
+    replica_ids: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.report_interval_s > 0 and self.tick_s > 0 and self.propagation_s >= 0 and self.warmup_s >= 0
@@ -137,6 +140,8 @@ class SimConfig:
             raise ValueError("wake_s must be positive")
         if self.router_spread not in ROUTER_SPREADS:
             raise ValueError(f"router_spread must be one of {', '.join(ROUTER_SPREADS)}")
+        if len(set(self.replica_ids)) != len(self.replica_ids) or not all(self.replica_ids):
+            raise ValueError("replica_ids must be distinct and non-empty")
 
 
 @dataclass(slots=True)
@@ -272,9 +277,12 @@ class Simulation:
         self.now = -self.cfg.warmup_s + (self.requests[0].arrival_s if self.requests else 0.0)
         phase_rng = random.Random(f"phases/{seed}")
         width = max(2, len(str(len(profiles) - 1)))
-        self.replicas = [SimReplica(f"replica-{i:0{width}d}", p, random.Random(f"engine/{seed}/{i}"), self.now,
+        ids = self.cfg.replica_ids or tuple(f"replica-{i:0{width}d}" for i in range(len(profiles)))
+        if len(ids) != len(profiles):
+            raise ValueError(f"{len(ids)} replica ids for {len(profiles)} replicas")
+        self.replicas = [SimReplica(rid, p, random.Random(f"engine/{seed}/{i}"), self.now,
                                  use_engine_advance=self.cfg.engine_fast_path)
-                         for i, p in enumerate(profiles)]
+                         for i, (rid, p) in enumerate(zip(ids, profiles, strict=True))]
         self.agents = [SimAgent(r.replica_id, self.cfg.pool, self.cfg.window_s) for r in self.replicas]
         self.fleet = _fleet_state(self.cfg.weights, lambda: self.now)
         self._heap: list[tuple[float, int, int, object]] = []

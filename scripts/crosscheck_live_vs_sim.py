@@ -18,7 +18,8 @@
    prompt is text in which a group's shared part is byte-identical (loadgen.make_prompt), so the
    live engines' prefix caches hit on the text they receive.
 4. Runs `tidegate simulate` on the same workload and fleet with `--hop-ms` set to the measured
-   floor, and prints TTFT and TPOT P50/P95/P99 side by side. The virtual run's prefix hashes are
+   floor and the live replicas' ids (prefix affinity's rendezvous homes hash them), and prints
+   TTFT and TPOT P50/P95/P99 side by side. The virtual run's prefix hashes are
    the block ids the live engines compute from those very texts (a generic trace, 16 tokens per
    id), so its engines hit the same blocks. The prefix hit rate is printed for both: live from the
    engines' vllm:prefix_cache_queries/hits counters over the replay, virtual from the results'
@@ -134,6 +135,7 @@ def main() -> int:
     subprocess.run([sys.executable, "-m", "tidegate.cli.main", "simulate", "--trace", str(virtual), "--rate-scale", "1",
                     "--replicas", str(args.replicas), "--profile", args.profile, "--policy", "tidegate",
                     "--seed", str(args.seed), "--hop-ms", f"{hop_ms:.3f}", "--log-level", "warning",
+                    "--replica-ids", ",".join(r["id"] for r in info["replicas"]),
                     "--json", str(out / "sim.json")], check=True, stdout=subprocess.DEVNULL)
     sim = json.loads((out / "sim.json").read_text())["runs"][0]
     (out / "live.json").write_text(json.dumps(live, indent=2) + "\n")

@@ -105,6 +105,29 @@ def test_tables_carry_the_real_weight_policy_states():
     assert all(e.kv_capacity_tokens == H100.kv_capacity_tokens for e in last)
 
 
+def test_given_replica_ids_name_the_replicas_and_move_the_prefix_homes():
+    """Rendezvous homes hash the ids: a live fleet's ids (replica-0, ...) place the same prefixes
+    elsewhere than the default ones, so a cross-check must name its replicas as the live fleet does."""
+    reqs = [workload.SimRequest(i, i * 0.2, 600, 20, prefix_hashes=(i % 8, 100 + i % 8)) for i in range(80)]
+    named = run(reqs=reqs, cfg=SimConfig(replica_ids=("replica-0", "replica-1", "replica-2")))
+    assert {e.replica_id for e in named.deliveries[-1].entries} == {"replica-0", "replica-1", "replica-2"}
+    assert {r.replica for r in named.records} <= {"replica-0", "replica-1", "replica-2"}
+    default = run(reqs=reqs)
+    homes = [r.replica[-1] for r in default.records]
+    assert [r.replica[-1] for r in named.records] != homes
+
+
+@pytest.mark.parametrize("ids", [("a", "a", "b"), ("a", "", "b")])
+def test_replica_ids_must_be_distinct_and_named(ids):
+    with pytest.raises(ValueError, match="distinct and non-empty"):
+        SimConfig(replica_ids=ids)
+
+
+def test_replica_ids_must_name_every_replica():
+    with pytest.raises(ValueError, match="2 replica ids for 3 replicas"):
+        run(cfg=SimConfig(replica_ids=("a", "b")))
+
+
 def test_step_by_step_path_matches_the_engine_fast_path():
     reqs = small_workload(n=80, rate=20.0)
     fast = run("least_request", reqs=reqs, cfg=SimConfig(engine_fast_path=True))
