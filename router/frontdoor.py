@@ -25,6 +25,10 @@ the listener is made with a small accept batch (`ACCEPT_BATCH`) and then given a
 queue (`LISTEN_BACKLOG`) by calling listen() again (`listen_socket`, `deepen_backlog`). A batch
 of accepted sockets exists before our code sees any, and the sockets closed to make room for
 them are released one turn later: the descriptor budget keeps twice a batch spare (`fd_budget`).
+On uvloop (the router's default loop) libuv accepts until the kernel queue is empty instead, one
+connection at a time through the same protocol factory, so eviction and refusal work alike; the
+chaos test (tests/chaos/test_hostile_clients.py: 20,000 idle connections against a 4,000 limit,
+the etcd lease kept) passes on both loops.
 """
 
 from __future__ import annotations
@@ -206,8 +210,8 @@ class _Refuse(asyncio.Protocol):
         self._lingering = False
         self._timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        # (uvloop's transports are not asyncio.Transport instances, so no isinstance check)
         transport.write(BUSY_RESPONSE)
         if self._door.refused_lingering >= REFUSE_LINGER_MAX or not transport.can_write_eof():
             transport.close()

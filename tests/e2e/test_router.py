@@ -174,11 +174,15 @@ async def inflight_total(http: aiohttp.ClientSession, router: RouterProc) -> flo
     raise AssertionError("no in-flight metric")
 
 
-async def test_passthrough_openai_client_and_errors(clean_etcd, engines, start_router):
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+async def test_passthrough_openai_client_and_errors(clean_etcd, engines, start_router, tmp_path, loop):
     await put_table(clean_etcd, "m", [("r1", engines[0].url, 1.0), ("r2", engines[1].url, 1.0)], 1)
-    router = start_router(clean_etcd)
+    router = start_router(clean_etcd, *(["--no-uvloop"] if loop == "asyncio" else []))
     async with aiohttp.ClientSession() as http:
         await wait_generation(http, router, "m", 1)
+        listening = [json.loads(line) for line in (tmp_path / "router.log").read_text().splitlines()
+                     if '"router_listening"' in line]
+        assert listening[0]["event_loop"] == loop  # uvloop by default, asyncio's own with --no-uvloop
         async with http.post(router.url + "/v1/chat/completions", json=CHAT) as r:
             assert r.status == 200
             body = await r.json()
