@@ -12,8 +12,9 @@
 2. Starts a live fleet (`tidegate.fleet.up.Fleet`: etcd, control plane, simulated replicas with
    agents, a router, all real processes) and measures its transport floor: the median TTFT of
    sequential requests through the router with unique prompts of the workload's median length,
-   minus the engine model's TTFT for them, halved (one hop each way). (It grows with the prompt's
-   size; the floor of one-token requests, used before, is printed beside it.)
+   minus the engine model's TTFT for them, halved (one hop each way); measured before and after
+   the replay, and the mean taken. (It grows with the prompt's size; the floor of one-token
+   requests, used before, is printed beside it.)
 3. Replays the workload through the router over real HTTP (`tidegate.fleet.loadgen`): each
    prompt is text in which a group's shared part is byte-identical (loadgen.make_prompt), so the
    live engines' prefix caches hit on the text they receive.
@@ -62,7 +63,8 @@ def model_ttft_ms(profile_name: str, prompt_tokens: int) -> float:
     return result.ttft_s * 1000
 
 
-async def transport_floor_ms(router: str, profile_name: str, prompt_tokens: int = 1, samples: int = 30) -> float:
+async def transport_floor_ms(router: str, profile_name: str, prompt_tokens: int = 1, samples: int = 30,
+                             salt_base: int = PROBE_SALT_BASE) -> float:
     """One hop's share of the live system's fixed per-request latency: sequential requests of
     `prompt_tokens` tokens, their median TTFT minus the engine model's, halved. The cost grows with
     the prompt (the body is encoded, sent, parsed and hashed by the router and by the engine), so it
@@ -72,7 +74,7 @@ async def transport_floor_ms(router: str, profile_name: str, prompt_tokens: int 
         for i in range(samples):
             t0 = time.perf_counter()
             async with s.post(router + "/v1/completions", json={
-                    "model": MODEL, "prompt": loadgen.make_prompt(prompt_tokens, PROBE_SALT_BASE - i),
+                    "model": MODEL, "prompt": loadgen.make_prompt(prompt_tokens, salt_base - i),
                     "max_tokens": 2, "stream": True}) as r:
                 async for line in r.content:
                     if line.startswith(b"data: {"):
@@ -118,13 +120,18 @@ def main() -> int:
     try:
         info = fleet.start()
         hop_1_ms = asyncio.run(transport_floor_ms(info["router_url"], args.profile))
-        hop_ms = asyncio.run(transport_floor_ms(info["router_url"], args.profile, floor_tokens))
+        hop_before_ms = asyncio.run(transport_floor_ms(info["router_url"], args.profile, floor_tokens))
         time.sleep(1.0)  # let the agents' latency windows forget the probes' load
         engines = [r["engine_url"] for r in info["replicas"]]
         before = asyncio.run(prefix_counters(engines))
         results, sent = asyncio.run(loadgen.replay(info["router_url"], MODEL, trace, time_scale=1.0,
                                                    duration_s=trace[-1].arrival_s + 1e-6))
         after = asyncio.run(prefix_counters(engines))
+        # Measured again after the replay: on a shared machine the CPU the processes get drifts, and
+        # the mean of the two is the floor of the time the workload ran in.
+        hop_after_ms = asyncio.run(transport_floor_ms(info["router_url"], args.profile, floor_tokens,
+                                                      salt_base=PROBE_SALT_BASE - 1000))
+        hop_ms = (hop_before_ms + hop_after_ms) / 2
     finally:
         fleet.stop()
     live = report.build(results, sent=sent, duration_s=1.0, slo_ttft_ms=2000, slo_tpot_ms=100, replicas=[],
@@ -145,7 +152,8 @@ def main() -> int:
     print(f"{args.requests} requests at {args.rate} req/s on {args.replicas} x {args.profile}, prompt mean "
           f"{args.prompt_mean:g}{shared}, output mean {args.output_mean:g} (seed {args.seed}); files in {out}")
     print(f"measured transport floor: {hop_ms:.2f} ms each way with {floor_tokens}-token prompts (the median; "
-          f"simulated with --hop-ms), {hop_1_ms:.2f} ms with 1-token prompts")
+          f"{hop_before_ms:.2f} before the replay, {hop_after_ms:.2f} after; simulated with --hop-ms), "
+          f"{hop_1_ms:.2f} ms with 1-token prompts")
     print(f"prefix hit rate: live {live['prefix_hit_rate'] * 100:.1f}% (engines' counters: {hits:.0f} of "
           f"{queries:.0f} tokens), virtual {sim.get('prefix_hit_rate', 0.0) * 100:.1f}%")
     print(f"{'metric':<10} {'live':>9} {'virtual':>9} {'diff':>7}")
