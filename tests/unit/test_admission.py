@@ -58,9 +58,13 @@ def held(q: AdmissionQueue, cls: str, key: str, tokens: float = 1000.0, now: flo
     ("queue of its class full", [("sheddable", 10)] * 2, "sheddable", place(0.5), REJECT, QUEUE_FULL),
     ("another class's full queue does not matter", [("sheddable", 10)] * 2, "critical", place(0.5), DISPATCH, ""),
     ("nothing can serve it", [], "critical", placement([]), REJECT, DEADLINE_UNMEETABLE),
-    ("over the router's budget share: waits in its queue", [], "standard", place(0.5, budget=False), HOLD, ""),
-    ("over the share, class queue full: queue_full", [("sheddable", 10)] * 2, "sheddable",
+    ("over the router's budget share: waits in its queue", [], "critical", place(0.5, budget=False), HOLD, ""),
+    ("over the share, class queue full: queue_full", [("critical", 10)] * 2, "critical",
      place(0.5, budget=False), REJECT, QUEUE_FULL),
+    ("lower class over its fraction of the share: shed at arrival", [], "standard", place(0.5, budget=False),
+     REJECT, SHED),
+    ("sheddable over its fraction of the share: shed at arrival", [], "sheddable", place(0.5, budget=False),
+     REJECT, SHED),
     ("over the share and too slow anyway", [], "critical", place(2.5, budget=False), REJECT, DEADLINE_UNMEETABLE),
 ])
 def test_arrival(case: str, setup: list, cls: str, p: Placement, action: str, reason: str) -> None:
@@ -83,23 +87,36 @@ def test_higher_class_arrivals_that_take_the_drain_shed_a_lower_class_at_once() 
     closed = place(0.1, frozenset(), tokens=500)
     assert q.arrive("s", "sheddable", 0.0, 2.0, closed).reason == SHED
     assert q.arrive("c", "critical", 0.0, 2.0, closed).action == HOLD
+    assert q.remove("c")
     # long after the burst the rate has decayed: a sheddable request may wait again
     assert q.arrive("s2", "sheddable", 30.0, 32.0, closed).action == HOLD
 
 
 def test_a_request_over_budget_is_not_overtaken_by_its_own_class_and_goes_when_the_share_frees() -> None:
     q = AdmissionQueue(cfg())
-    assert q.arrive("a", "standard", 0.0, 2.0, place(0.2, budget=False)).action == HOLD
-    # the next standard request fits the share but queues behind the one ahead (FIFO in a class)
-    assert q.arrive("b", "standard", 0.0, 2.0, place(0.2)).action == HOLD
-    # a critical one goes past both when the share has room for it
-    assert q.arrive("c", "critical", 0.0, 2.0, place(0.2)).action == DISPATCH
+    assert q.arrive("a", "critical", 0.0, 2.0, place(0.2, budget=False)).action == HOLD
+    # the next critical request fits the share but queues behind the one ahead (FIFO in a class)
+    assert q.arrive("b", "critical", 0.0, 2.0, place(0.2)).action == HOLD
     sent: list[str] = []
     budget_free = iter([False, True, True])
     for _ in range(2):
         adm.pump(q, 0.1, lambda h: place(0.2, budget=next(budget_free)), lambda h, d: sent.append(h.key),
                  lambda h, d: pytest.fail("reject"))
     assert sent == ["a", "b"]
+
+
+def test_the_drain_is_measured_while_requests_wait() -> None:
+    """The predicted drain (prefill only) is a prior; a queue that waits without dispatching
+    measures a lower one, and predicts longer waits (so it rejects at arrival, not later)."""
+    q = AdmissionQueue(cfg())
+    held(q, "standard", "a", tokens=5000)
+    fresh = q.arrive("b", "standard", 0.0, 2.0, place(0.1, frozenset(), tokens=5000))
+    assert fresh.action == HOLD                 # 1.0 s of prefill ahead at the predicted 10k tokens/s
+    stalled = AdmissionQueue(cfg())
+    held(stalled, "standard", "a", tokens=5000)
+    stalled.sweep(1.0)                          # one second held, nothing dispatched
+    late = stalled.arrive("b", "standard", 1.0, 3.0, place(0.1, frozenset(), tokens=5000))
+    assert (late.action, late.reason) == (REJECT, DEADLINE_UNMEETABLE)
 
 
 def test_zero_length_queue_never_holds() -> None:
@@ -143,14 +160,50 @@ def test_try_head(case: str, now: float, p: Placement, action: str, reason: str)
     assert ("a" in q) == (action == HOLD)
 
 
-def test_sweep_sheds_lower_class_displaced_by_higher() -> None:
+def test_a_held_request_is_not_shed_for_higher_classes_and_goes_first_when_urgent() -> None:
+    """Holding is a commitment: a sheddable request held before a burst of standard work is kept
+    (it is not shed late for it), and goes before the class order once it is urgent."""
     q = AdmissionQueue(cfg())
-    held(q, "sheddable", "s", tokens=1000)      # 0.1 s of pool prefill at 10k tokens/s
-    # 1.7 s of critical prefill ahead of it, and critical arrivals at 8.5k of the 10k tokens/s
-    held(q, "critical", "c", tokens=17_000)
-    out = q.sweep(0.1)
-    assert [(h.key, d.reason) for h, d in out] == [("s", SHED)]
-    assert "c" in q and "s" not in q
+    held(q, "sheddable", "s", tokens=1000)      # deadline 2.0, predicted TTFT 0.1: last start 1.9
+    # 1.7 s of standard prefill ahead of it (1.8 + 0.1 > 2); its own deadline a little later
+    assert q.arrive("c", "standard", 0.0, 2.5, place(0.1, frozenset(), tokens=17_000)).action == HOLD
+    assert q.sweep(0.0) == [] and "s" in q
+    assert [h.key for h in q.candidates(1.0)] == ["c"]          # not urgent yet: class order
+    assert [h.key for h in q.candidates(1.75)] == ["s", "c"]    # within urgent_s (0.2 s) of 1.9
+    h, d = q.try_held(q.candidates(1.75)[0], 1.75, place(0.1))
+    assert (h.key, d.action) == ("s", DISPATCH) and "c" in q
+    # nothing goes before a held critical request with less than 2 x urgent_s of slack
+    q = AdmissionQueue(cfg())
+    held(q, "sheddable", "s2")
+    held(q, "critical", "k")
+    assert [h.key for h in q.candidates(1.8)] == ["k"]
+    q = AdmissionQueue(cfg())
+    held(q, "sheddable", "s2")
+    held(q, "critical", "k", now=1.0)           # its last start is 2.9: 1.1 s of slack at 1.8
+    assert [h.key for h in q.candidates(1.8)] == ["s2", "k"]
+
+
+def test_an_urgent_request_that_cannot_go_does_not_block_the_class_order() -> None:
+    q = AdmissionQueue(cfg())
+    # predicted TTFT 1.6 s: its last start is 0.4 s, urgent from 0.2 s
+    assert q.arrive("s", "sheddable", 0.0, 2.0, place(1.6, frozenset(), tokens=100)).action == HOLD
+    held(q, "critical", "c", tokens=100)
+    sent: list[str] = []
+    # the urgent sheddable one finds no open replica; the critical one behind it may still go
+    adm.pump(q, 0.2, lambda h: place(1.6, frozenset()) if h.key == "s" else place(0.1),
+             lambda h, d: sent.append(h.key), lambda h, d: pytest.fail("reject"))
+    assert sent == ["c"] and "s" in q
+
+
+def test_a_held_request_that_cannot_make_it_behind_its_own_class_is_rejected() -> None:
+    q = AdmissionQueue(cfg())
+    held(q, "standard", "a", tokens=9000)       # 0.9 s of prefill at the predicted 10k tokens/s
+    held(q, "standard", "b", tokens=1000)
+    assert q.sweep(0.0) == []
+    # half a second without a dispatch: the measured drain (~1.7k tokens/s) cannot clear a in time;
+    # b, with a gone from ahead of it, still can
+    out = q.sweep(0.5)
+    assert [(h.key, d.reason) for h, d in out] == [("a", DEADLINE_UNMEETABLE)] and "b" in q
 
 
 def test_sweep_times_out_and_remove_forgets() -> None:

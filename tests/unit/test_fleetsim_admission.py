@@ -114,17 +114,23 @@ def test_budgets_are_split_among_the_routers_enforced_and_released() -> None:
     assert sum(1 for r in res.records if r.finish_s is not None) > 0
 
 
-def test_a_small_budget_share_holds_requests_in_the_class_queue() -> None:
-    """Shares cut to 2 % (class fractions): requests wait in their queue for the share rather than
-    being refused before it; more are held than without budgets, critical still goes first."""
+def test_a_small_budget_share_holds_critical_requests_and_sheds_lower_classes_at_arrival() -> None:
+    """Shares cut to 2 % (class fractions): critical requests wait in their queue for the share
+    rather than being refused before it; the lower classes over their fraction are shed at once."""
     tiny = BudgetConfig(class_fraction={"critical": 0.02, "standard": 0.02, "sheddable": 0.02})
     without = run(AdmissionConfig(), overload(n=200, rate=20.0))
     small = run(AdmissionConfig(), overload(n=200, rate=20.0), budgets=tiny)
 
-    def held(res) -> int:  # noqa: ANN001
-        return sum(1 for r in res.records if r.dispatch_s is not None and r.dispatch_s > r.req.arrival_s)
+    def held(res, cls: str) -> int:  # noqa: ANN001
+        return sum(1 for r in res.records
+                   if r.req.klass == cls and r.dispatch_s is not None and r.dispatch_s > r.req.arrival_s)
 
-    assert held(small) > held(without)
+    def shed_at_once(res, cls: str) -> int:  # noqa: ANN001
+        return sum(1 for r in res.records
+                   if r.req.klass == cls and r.rejected == "shed" and r.reject_s == r.req.arrival_s)
+
+    assert held(small, "critical") > held(without, "critical")
+    assert shed_at_once(small, "sheddable") > shed_at_once(without, "sheddable")
     s = results.summarize(small, policy="t", load=None, slo_ttft_s=2.0, slo_tpot_s=0.1)
     assert set(s["rejected_by_reason"]) <= set(REASONS)
     att = s["slo_attainment_by_class"]
