@@ -26,11 +26,13 @@ log = structlog.get_logger(__name__)
 
 def make_session(connect_timeout_s: float, limit: int = 10_000) -> aiohttp.ClientSession:
     """One shared client session for every engine. Bodies pass through untouched (no
-    decompression); only connecting has its own timeout, the first byte is timed by the proxy."""
+    decompression); only connecting has its own timeout, the first byte is timed by the proxy.
+    No cookie jar: one client's engine cookies must never go out with another's request (the
+    engine's Set-Cookie still reaches its own client), and a jar costs time on every request."""
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=30,
                                      enable_cleanup_closed=True)
     return aiohttp.ClientSession(
-        connector=connector, auto_decompress=False,
+        connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
         skip_auto_headers=("User-Agent",),
     )

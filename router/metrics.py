@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from tidegate.router.inflight import InflightCounter
@@ -59,6 +61,24 @@ class _StateCollector(Collector):
         yield suspect
 
 
+class Children:
+    """One metric's children by label values, each looked up once: prometheus_client's labels()
+    checks, converts and locks on every call, a few times per request on the proxy's hot path.
+    For label sets bounded by design (pools, statuses, classes); never removed from the metric."""
+
+    __slots__ = ("_metric", "_children")
+
+    def __init__(self, metric: MetricWrapperBase) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+
 class RouterMetrics:
     def __init__(self, tables: RoutingTables, inflight: InflightCounter, wall: Callable[[], float]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -100,3 +120,10 @@ class RouterMetrics:
         self.client_connections = Gauge("tidegate_router_client_connections", "Open client connections.",
                                         registry=r)
         r.register(_StateCollector(tables, inflight, wall))
+        # the per-request series, pre-bound (Children)
+        self.requests_for = Children(self.requests)
+        self.class_requests_for = Children(self.class_requests)
+        self.duration_for = Children(self.duration)
+        self.upstream_latency_for = Children(self.upstream_latency)
+        self.ttft_for = Children(self.ttft)
+        self.class_ttft_for = Children(self.class_ttft)

@@ -18,7 +18,7 @@ from tidegate.router.budget import RetryBudget
 from tidegate.router.inflight import InflightCounter
 from tidegate.router.metrics import RouterMetrics
 from tidegate.router.parse import BadRequest, parse_request
-from tidegate.router.proxy import Proxy, ProxySettings, forward_request_headers
+from tidegate.router.proxy import Proxy, ProxySettings, _Deadline, forward_request_headers
 from tidegate.router.tables import RoutingTables
 from tidegate.store.api import KeyValue
 from tidegate.v1.records_pb2 import RouteEntry, RoutingTable
@@ -425,3 +425,36 @@ async def test_finished_answers_teach_the_policy_their_output_length(monkeypatch
     await sim.cleanup()
     # The simulated engine writes exactly max_tokens and reports it in usage.
     assert fake.outputs == [("a", 12), ("a", 12)]
+
+
+async def test_deadline_that_fires_is_a_timeout_and_withdraws_its_cancel():
+    deadline = _Deadline(asyncio.get_running_loop(), 3600)
+    deadline._fire()  # as the timer would
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.sleep(0)
+    assert deadline.close()
+    assert asyncio.current_task().cancelling() == 0  # the task goes on as if never cancelled
+    await asyncio.sleep(0)
+
+
+async def test_deadline_closed_in_time_never_cancels():
+    deadline = _Deadline(asyncio.get_running_loop(), 0.001)
+    assert not deadline.close()
+    await asyncio.sleep(0.01)  # past the deadline: nothing fires
+
+
+async def test_a_cancel_from_elsewhere_stays_a_cancel_even_when_the_deadline_fired():
+    async def attempt() -> bool:
+        deadline = _Deadline(asyncio.get_running_loop(), 3600)
+        deadline._fire()
+        asyncio.current_task().cancel()  # the client went away too
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            assert not deadline.close()
+            raise
+        return True
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.create_task(attempt())
+
