@@ -376,15 +376,20 @@ class Bench:
             try:
                 # warm-up: connection pools, code paths, the policy's state
                 self.closed_loop(router, a.connections, 2, stream=False)
-                direct = self.closed_loop(upstream, a.connections, a.duration, stream=False)
-                result["direct"] = {**direct, "rps": direct["requests"] / direct["wall_s"]}
-                result["throughput"] = self.measured(router, pid, a.connections, a.duration, stream=False)
-                result["latency"] = self.latency(upstream, router, pid)
-                s = self.measured(router, pid, a.stream_connections, a.duration, stream=True)
-                tiny_us = result["throughput"]["router_cpu_us_per_request"]
-                s["router_cpu_us_per_chunk"] = s["router_cpu_us_per_request"] / a.chunks
-                s["router_cpu_us_per_chunk_marginal"] = (s["router_cpu_us_per_request"] - tiny_us) / a.chunks
-                result["stream"] = s
+                phases = set(a.phases.split(","))
+                if "throughput" in phases:
+                    direct = self.closed_loop(upstream, a.connections, a.duration, stream=False)
+                    result["direct"] = {**direct, "rps": direct["requests"] / direct["wall_s"]}
+                    result["throughput"] = self.measured(router, pid, a.connections, a.duration, stream=False)
+                if "latency" in phases:
+                    result["latency"] = self.latency(upstream, router, pid)
+                if "stream" in phases:
+                    s = self.measured(router, pid, a.stream_connections, a.duration, stream=True)
+                    s["router_cpu_us_per_chunk"] = s["router_cpu_us_per_request"] / a.chunks
+                    if "throughput" in result:
+                        tiny_us = result["throughput"]["router_cpu_us_per_request"]
+                        s["router_cpu_us_per_chunk_marginal"] = (s["router_cpu_us_per_request"] - tiny_us) / a.chunks
+                    result["stream"] = s
             finally:
                 self.close()
         result["loadavg_end"] = _loadavg()
@@ -427,24 +432,35 @@ async def _put_table(etcd: str, upstream: str, replicas: int) -> None:
 
 
 def report(r: dict[str, Any]) -> str:
-    t, lat, s, d = r["throughput"], r["latency"], r["stream"], r["direct"]
-    rows = [
-        ("tiny requests/s through the router", f"{t['rps']:,.0f} (router CPU {100 * t['router_cpu_frac']:.0f}%)"),
-        ("tiny requests/s straight to upstream", f"{d['rps']:,.0f}"),
-        ("router CPU per tiny request", f"{t['router_cpu_us_per_request']:.0f} us"),
-        ("tiny requests per router CPU second", f"{1e6 / t['router_cpu_us_per_request']:,.0f}"),
-        (f"latency at {lat['rate']} rps, direct P50 / P99",
-         f"{lat['direct']['p50_ms']:.2f} / {lat['direct']['p99_ms']:.2f} ms"),
-        (f"latency at {lat['rate']} rps, router P50 / P99",
-         f"{lat['router']['p50_ms']:.2f} / {lat['router']['p99_ms']:.2f} ms"),
-        ("added latency P50 / P99", f"+{lat['added_p50_ms']:.2f} / +{lat['added_p99_ms']:.2f} ms"),
-        (f"streamed: {r['config']['chunks']} chunks, requests/s", f"{s['rps']:,.1f} (router CPU "
-                                                                  f"{100 * s['router_cpu_frac']:.0f}%)"),
-        ("router CPU per streamed chunk (all / marginal)",
-         f"{s['router_cpu_us_per_chunk']:.1f} / {s['router_cpu_us_per_chunk_marginal']:.1f} us"),
-        ("errors (throughput / latency / stream)", f"{t['errors']} / {lat['failures']} / {s['errors']}"),
-        ("load average start / end", f"{r['loadavg_start']} / {r['loadavg_end']}"),
-    ]
+    rows = []
+    if "throughput" in r:
+        t, d = r["throughput"], r["direct"]
+        rows += [
+            ("tiny requests/s through the router",
+             f"{t['rps']:,.0f} (router CPU {100 * t['router_cpu_frac']:.0f}%, {t['errors']} errors)"),
+            ("tiny requests/s straight to upstream", f"{d['rps']:,.0f}"),
+            ("router CPU per tiny request", f"{t['router_cpu_us_per_request']:.0f} us"),
+            ("tiny requests per router CPU second", f"{1e6 / t['router_cpu_us_per_request']:,.0f}"),
+        ]
+    if "latency" in r:
+        lat = r["latency"]
+        rows += [
+            (f"latency at {lat['rate']:.0f} rps, direct P50 / P99",
+             f"{lat['direct']['p50_ms']:.2f} / {lat['direct']['p99_ms']:.2f} ms"),
+            (f"latency at {lat['rate']:.0f} rps, router P50 / P99",
+             f"{lat['router']['p50_ms']:.2f} / {lat['router']['p99_ms']:.2f} ms ({lat['failures']} errors)"),
+            ("added latency P50 / P99", f"+{lat['added_p50_ms']:.2f} / +{lat['added_p99_ms']:.2f} ms"),
+        ]
+    if "stream" in r:
+        s = r["stream"]
+        marginal = s.get("router_cpu_us_per_chunk_marginal")
+        rows += [
+            (f"streamed: {r['config']['chunks']} chunks, requests/s",
+             f"{s['rps']:,.1f} (router CPU {100 * s['router_cpu_frac']:.0f}%, {s['errors']} errors)"),
+            ("router CPU per streamed chunk (all / marginal)",
+             f"{s['router_cpu_us_per_chunk']:.1f} / " + (f"{marginal:.1f} us" if marginal is not None else "-")),
+        ]
+    rows.append(("load average start / end", f"{r['loadavg_start']} / {r['loadavg_end']}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -483,14 +499,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load-core", type=int, default=0, help="core of the upstream and load generators")
     ap.add_argument("--router-arg", action="append", default=[],
                     help="extra flag for `tidegate router` (repeat), e.g. --router-arg=--policy=round_robin")
+    ap.add_argument("--phases", default="throughput,latency,stream", help="which measurements, comma-separated")
     ap.add_argument("--router-cmd", help="command that stands for `tidegate` (default: the venv's), e.g. to "
                                          "compare with another checkout")
+    ap.add_argument("--keep-logs", type=Path, help="copy the router's, upstream's and etcd's logs here")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
     if args.cmd:
         return int(args.func(args))
     with tempfile.TemporaryDirectory(prefix="bench-router-") as tmp:
-        result = Bench(args, Path(tmp)).run()
+        try:
+            result = Bench(args, Path(tmp)).run()
+        finally:
+            if args.keep_logs:
+                args.keep_logs.mkdir(parents=True, exist_ok=True)
+                for log in Path(tmp).glob("*.log"):
+                    shutil.copy(log, args.keep_logs / log.name)
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
