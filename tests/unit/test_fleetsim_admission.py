@@ -48,6 +48,8 @@ def test_overload_rejects_with_reasons_and_sheds_lower_classes_first() -> None:
     res = run(AdmissionConfig())
     s = results.summarize(res, policy="tidegate", load=None, slo_ttft_s=2.0, slo_tpot_s=0.1)
     assert s["rejected"] > 0
+    assert s["rejected_within_50ms"] == sum(1 for r in res.records
+                                            if r.reject_s is not None and r.reject_s - r.req.arrival_s <= 0.05)
     assert set(s["rejected_by_reason"]) <= set(REASONS)
     by_class = s["rejected_by_class"]
     rate = {c: sum(by_class.get(c, {}).values()) / sum(1 for r in res.records if r.req.klass == c)
