@@ -129,7 +129,7 @@ class ControlPlaneConfig(config.ConfigBase, config.EtcdFields):
     admission_budgets: bool = Field(True, description="Publish each pool's admission budget and every live "
                                     "router's share of it (/tidegate/v1/admission/<pool>; docs/OPERATIONS.md).")
     admission_class_fraction: str = Field(
-        "critical=1,standard=0.9,sheddable=0.7", description="Fraction of a router's budget share each class may "
+        "critical=1,standard=0.9,sheddable=0.5", description="Fraction of a router's budget share each class may "
         "fill, CLASS=FRACTION comma-separated (lower classes stop first, leaving room for higher ones).")
     outlier_backoff_s: float = Field(30.0, gt=0, description="First outlier ejection's length; doubles per "
                                      "ejection in a row, up to 10x.")

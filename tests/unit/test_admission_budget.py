@@ -99,12 +99,12 @@ def test_split_properties(total: float, wants: dict[str, float], floor: float) -
 def test_router_budget_enforces_class_fractions() -> None:
     b = RouterBudget()
     b.set_share(Tokens(1000, 10000, 10))
-    holds = [b.acquire(100, 100) for _ in range(6)]        # 600 prefill, 1200 kv, 6 seqs
-    assert b.allows("sheddable", 100, 100)                 # 700 <= 0.7 * 1000
+    holds = [b.acquire(100, 100) for _ in range(4)]        # 400 prefill, 800 kv, 4 seqs
+    assert b.allows("sheddable", 100, 100)                 # 500 <= 0.5 * 1000
     holds.append(b.acquire(100, 100))
-    assert not b.allows("sheddable", 100, 100)             # 800 > 700
-    assert b.allows("standard", 100, 100)                  # 800 <= 900
-    holds += [b.acquire(100, 100), b.acquire(100, 100)]
+    assert not b.allows("sheddable", 100, 100)             # 600 > 500
+    assert b.allows("standard", 100, 100)                  # 600 <= 900
+    holds += [b.acquire(100, 100) for _ in range(4)]
     assert not b.allows("standard", 100, 100) and b.allows("critical", 100, 100)
     for h in holds:
         h.first_token()                                    # prefill done: only sequences bind now
