@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidegate.policy.affinity import PrefixBlocks, PrefixIndex, home_order
-from tidegate.policy.predict import DEFAULT_RATES, Rates, ReplicaLoad, pool_rates, predict
+from tidegate.policy.predict import DEFAULT_RATES, Rates, ReplicaLoad, pool_rates, predict, pushed_out
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets
 from tidegate.policy.slo_pick import TidegatePolicy
 
@@ -70,13 +70,68 @@ def test_tpot_grows_with_batch_and_queued_prefill():
     assert predict("r", load(queued=80_000), RATES, 500, 0, 100, 50, 2.0, 0.1).tpot_s > base
 
 
-def test_cost_counts_own_ttft_and_the_stall_on_fragile_decoders():
+def test_cost_counts_own_ttft_and_tpot_when_nobody_is_pushed_out():
     alone = predict("r", load(), RATES, 8000, 0, 100, 50, 2.0, 0.1)
-    assert alone.stall_tpot_s == 0 and alone.cost == pytest.approx(alone.ttft_s / 2.0 + alone.tpot_s / 0.1)
-    # Four 5-token answers decoding there: each gains 0.2 s / 4 of TPOT from this 8k prefill.
-    crowd = predict("r", load(fragility=4 * (1 / 4)), RATES, 8000, 0, 100, 50, 2.0, 0.1)
-    assert crowd.stall_tpot_s == pytest.approx(8000 / 40_000 * 1.0)
-    assert crowd.cost == pytest.approx(crowd.ttft_s / 2.0 + crowd.tpot_s / 0.1 + crowd.stall_tpot_s / 0.1)
+    assert alone.pushed_out == 0 and alone.cost == pytest.approx(alone.ttft_s / 2.0 + alone.tpot_s / 0.1)
+
+
+# A stall key is what a sequence can absorb (slack x (output - 1) seconds) plus the replica's stall
+# counter when it arrived. An 8,000-token prefill at 40k tokens/s stalls everyone there 0.2 s.
+@pytest.mark.parametrize(
+    ("keys", "stalled", "per_key", "pushed"),
+    [
+        pytest.param((), 0.0, 1.0, 0, id="nobody there"),
+        pytest.param((0.09 * 2, 0.09 * 2), 0.0, 1.0, 2, id="two 3-token answers: 0.18 s each, both pushed"),
+        pytest.param((0.09 * 4,), 0.0, 1.0, 0, id="a 5-token answer absorbs it (0.36 s)"),
+        pytest.param((0.09 * 144,), 0.0, 1.0, 0, id="a 145-token answer absorbs it"),
+        pytest.param((0.09 * 4 + 1.0,), 1.0, 1.0, 0, id="missed already: not this placement's doing"),
+        pytest.param((1.1, 1.15), 1.0, 1.0, 2, id="earlier stalls used up most of their budgets"),
+        pytest.param((1.15, 1.3), 1.0, 1.0, 1, id="one budget within the stall, one beyond"),
+        pytest.param((1.15,), 1.0, 4.0, 4, id="four routers: each key stands for four sequences"),
+    ],
+)
+def test_pushed_out_counts_the_sequences_whose_stall_budget_this_prefill_crosses(keys, stalled, per_key, pushed):
+    ld = ReplicaLoad(0.0, 0.0, 0.0, float(CAP), tuple(sorted(keys)), stalled, per_key)
+    p = predict("r", ld, RATES, 8000, 0, 100, 50, 2.0, 0.1)
+    assert p.pushed_out == pushed
+    assert p.cost == pytest.approx(p.ttft_s / 2.0 + p.tpot_s / 0.1 + pushed)
+
+
+@settings(max_examples=200, deadline=None)
+# Multiples of 1/8: sums are exact, so the equality below tests the counting, not the rounding.
+@given(st.lists(st.integers(0, 800).map(lambda x: x / 8), max_size=30), st.integers(0, 800).map(lambda x: x / 8),
+       st.integers(0, 80).map(lambda x: x / 8), st.integers(0, 80).map(lambda x: x / 8))
+def test_pushed_out_is_bounded_and_grows_with_the_stall(keys, stalled, a, b):
+    keys = sorted(keys)
+    small, large = sorted((a, b))
+    p_small, p_large = pushed_out(keys, stalled, small), pushed_out(keys, stalled, large)
+    assert 0 <= p_small <= p_large <= sum(1 for k in keys if k > stalled)
+    # Two stalls in a row push out as many as one stall of their sum: nobody is counted twice.
+    assert pushed_out(keys, stalled, small) + pushed_out(keys, stalled + small, large) == pushed_out(
+        keys, stalled, small + large)
+
+
+def test_placements_use_up_the_stall_budgets_of_a_replicas_short_answers():
+    """One router, one replica kept busy with short answers: each 4,000-token prefill placed there
+    takes 0.09 s (at 45k tokens/s) from every short answer's budget until they would miss."""
+    pol = TidegatePolicy(SloTargets(ttft_s=2.0, tpot_s=0.1))
+    snap = PoolSnapshot((e("a"),))
+    short = [req(500, 6, rid=f"s{i}") for i in range(3)]
+    for r in short:
+        dispatch(pol, snap, r, first_token=True)
+    pushes = []
+    for i in range(6):
+        big = req(4000, 200, rid=f"b{i}")
+        (p,) = pol.predictions(snap, big)
+        pushes.append(p.pushed_out)
+        pol.on_dispatch(big, "a")
+    # Each 6-token answer absorbs about (0.1 - step) x 5 = 0.46 s of prefill: five 0.09 s stalls
+    # leave them within their target, the next ones push them out, each one once.
+    assert pushes[:4] == [0, 0, 0, 0] and sum(pushes) == 3 and pushes == sorted(pushes), pushes
+    for r in short:
+        pol.on_complete(r, "a")
+    (p,) = pol.predictions(snap, req(4000, 200, rid="after"))
+    assert p.pushed_out == 0  # finished sequences leave the stall keys
 
 
 def only(prefill: float = 0.0, base: float = 0.0, per_seq: float = 0.0) -> dict:

@@ -16,9 +16,10 @@ Engine model (vLLM-style continuous batching with chunked prefill, FCFS admissio
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 # Prefill tokens one engine step carries (vLLM's max_num_batched_tokens for chunked prefill on
@@ -86,6 +87,20 @@ def pool_rates(entries: Iterable) -> dict[str, Rates]:
     return out
 
 
+def pushed_out(stall_keys: Sequence[float], stalled_s: float, stall_s: float) -> float:
+    """How many sequences a stall of `stall_s` seconds pushes past their TPOT target.
+
+    Each sequence on a replica can absorb `slack * (output - 1)` seconds of other requests'
+    prefill in its steps before its TPOT exceeds the target (slack = target - its own step time).
+    Its key is that budget plus the replica's stall counter (`stalled_s`: prefill seconds placed
+    there so far) when it arrived, so one counter serves every sequence: the sequence has missed
+    once the counter passes its key. Keys are sorted; the ones in (stalled, stalled + stall] are
+    those this prefill pushes out (those at or below `stalled_s` were pushed out before)."""
+    if not stall_keys or stall_s <= 0:
+        return 0.0
+    return float(bisect.bisect_right(stall_keys, stalled_s + stall_s) - bisect.bisect_right(stall_keys, stalled_s))
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicaLoad:
     """What is on a replica when the request would join, counted in tokens."""
@@ -94,10 +109,13 @@ class ReplicaLoad:
     decoding: float         # sequences in the decode batch
     kv_used: float          # KV tokens held
     kv_capacity: float      # KV tokens in all; 0 = unknown (no KV wait is predicted)
-    # Sum over the sequences that will decode while this request's prefill runs (those decoding
-    # and those queued ahead of it) of 1 / (their output tokens - 1): how much of their TPOT one
-    # second of stall costs. A 5-token answer feels a stall 36 times more than a 145-token one.
-    fragility: float = 0.0
+    # The sequences that will decode while this request's prefill runs (those decoding and those
+    # queued ahead of it): their stall keys, sorted, and the replica's stall counter (pushed_out).
+    stall_keys: Sequence[float] = ()
+    stalled_s: float = 0.0
+    # How many sequences there each key stands for (>= 1): with N routers, the others' too, as
+    # close to their targets as this router's (its share of the pool's load is its share there).
+    per_key: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +126,7 @@ class Prediction:
     ttft_s: float
     tpot_s: float
     kv_wait_s: float        # part of ttft_s spent waiting for KV room
-    stall_tpot_s: float     # TPOT its prefill adds, summed over the sequences decoding meanwhile
+    pushed_out: float       # sequences there whose TPOT its prefill would push past the target
     cost: float             # SLO budget the placement consumes (see predict)
     # Inputs of admission's TPOT protection (tidegate/policy/admission.py):
     queued_prefill: float = 0.0         # prefill tokens already outstanding there (ahead of it)
@@ -137,14 +155,16 @@ def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int
         kv_wait = shortfall / (kv_used / (remaining_output * step_s(decoding)))   when the KV
                   cannot hold work + output: decoders free their KV over their remaining steps
         tpot    = step_s(decoding + 1) + (work / prefill_tps) / remaining_output
-        stall   = (prompt - cached) / prefill_tps * fragility
-        cost    = ttft / ttft_slo + tpot / tpot_slo + stall / tpot_slo
+        stall   = (prompt - cached) / prefill_tps
+        pushed  = sequences there whose remaining stall budget is within `stall` (pushed_out)
+        cost    = ttft / ttft_slo + tpot / tpot_slo + pushed
 
-    A sequence's TPOT is its decode time over its output tokens - 1, so a prefill of `s` seconds
-    that shares its steps adds s / (output - 1) to it: `stall` sums that over everyone decoding
-    while this request's prefill runs. `cost` is the share of the SLO budgets the placement
-    uses up: its own TTFT and TPOT against their targets plus the TPOT it takes from the others
-    against the TPOT target. The pick minimises it.
+    A sequence's TPOT is its decode time over its output tokens - 1, so a prefill of `stall`
+    seconds that shares its steps adds stall / (output - 1) to it, and it misses its target once
+    the prefill it has lived through exceeds slack * (output - 1). `cost` is the SLO budget the placement uses up: its
+    own TTFT and TPOT as shares of their targets, plus one whole budget per request it pushes
+    out of its TPOT target (a miss is a miss, however small the increment that caused it, and
+    increments that leave everyone within the target cost nothing). The pick minimises it.
     """
     cached = max(0, min(int(cached_tokens), int(prompt_tokens) - 1))
     own = max(1, int(prompt_tokens) - cached)
@@ -163,7 +183,7 @@ def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int
             kv_wait = shortfall / drain_tps
     ttft += kv_wait
     tpot = rates.step_s(batch + 1) + prefill_s / remaining
-    stall = own / rates.prefill_tps * max(0.0, load.fragility)
-    cost = ttft / ttft_slo_s + tpot / tpot_slo_s + stall / tpot_slo_s
-    return Prediction(replica_id, cached, own, ttft, tpot, kv_wait, stall, cost, max(0.0, load.queued_prefill),
+    pushed = pushed_out(load.stall_keys, load.stalled_s, own / rates.prefill_tps) * max(1.0, load.per_key)
+    cost = ttft / ttft_slo_s + tpot / tpot_slo_s + pushed
+    return Prediction(replica_id, cached, own, ttft, tpot, kv_wait, pushed, cost, max(0.0, load.queued_prefill),
                       prefill_budget(rates, batch + 1, tpot_slo_s), rates.prefill_tps)

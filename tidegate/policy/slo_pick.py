@@ -26,12 +26,13 @@ completes: predictions are then pessimistic for that replica, never optimistic.
 
 from __future__ import annotations
 
+import bisect
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tidegate.policy.affinity import PrefixBlocks, PrefixIndex
 from tidegate.policy.pick import Pick
-from tidegate.policy.predict import Prediction, Rates, ReplicaLoad, pool_rates, predict
+from tidegate.policy.predict import DEFAULT_RATES, Prediction, Rates, ReplicaLoad, pool_rates, predict
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets, make_pick
 
 # Bounded load: affinity (cache reuse, the prefix's home) may cost at most this factor of the
@@ -44,15 +45,10 @@ BAND_C = 1.25
 COST_RESOLUTION = 0.01
 # Output length assumed when the request does not say (max_tokens) and nothing was seen yet.
 DEFAULT_OUTPUT_TOKENS = 256
-# Weight of the newest sample in the running means (prefill per request, output, fragility).
+# Weight of the newest sample in the running means (prefill per request, output).
 EWMA_ALPHA = 1.0 / 64
 # Smallest share of the pool's requests a router assumes it carries (at most 64 routers' worth).
 MIN_SHARE = 1.0 / 64
-
-
-def _fragility(output_tokens: float) -> float:
-    """TPOT a sequence gains per second of stall: its decode time is spread over output - 1 tokens."""
-    return 1.0 / max(1.0, output_tokens - 1.0)
 
 
 @dataclass(slots=True)
@@ -60,7 +56,7 @@ class _Flight:
     replica_id: str
     prefill: float      # predicted uncached prompt tokens, counted as queued until the first token
     kv: float           # KV tokens it will hold (prompt + expected output)
-    fragility: float
+    stall_key: float    # its key among the replica's stall keys (predict.pushed_out)
     started: bool = False
 
 
@@ -72,7 +68,10 @@ class _Own:
     waiting: int = 0
     decoding: int = 0
     kv: float = 0.0
-    fragility: float = 0.0
+    # Prefill seconds placed there while these requests were in flight (scaled to the pool's),
+    # and each request's stall key, sorted (predict.pushed_out).
+    stalled_s: float = 0.0
+    stall_keys: list[float] = field(default_factory=list)
 
 
 class TidegatePolicy:
@@ -94,7 +93,8 @@ class TidegatePolicy:
         self._mean_output = float(DEFAULT_OUTPUT_TOKENS)
         # Observed output / max_tokens: clients set max_tokens as a cap, often far above the answer.
         self._cap_use = 1.0
-        self._mean_fragility = _fragility(DEFAULT_OUTPUT_TOKENS)
+        self._share = 1.0   # this router's share of the pool's in-flight, at the last pick
+        self._tpot_slo_s = self.slo.tpot_s
         self._capacity: dict[str, float] = {}   # KV tokens per replica, from the last table seen
         self._last: tuple[RequestFeatures, PrefixBlocks] | None = None
         self._table: tuple[tuple[RouteInfo, ...], dict[str, Rates]] | None = None
@@ -139,9 +139,9 @@ class TidegatePolicy:
         scale = 1.0 / share
         cap = float(max(0, e.kv_capacity_tokens))
         kv_used = max(own.kv * scale, cap - max(0, e.kv_free_tokens)) if cap > 0 else own.kv * scale
-        # Others' sequences there: as many as ours times (scale - 1), as fragile as the average.
-        fragility = own.fragility + (scale - 1.0) * (own.waiting + own.decoding) * self._mean_fragility
-        return ReplicaLoad(own.queued * scale, own.decoding * scale, kv_used, cap, fragility)
+        # Others' sequences there: as many as ours times (scale - 1), as close to their targets.
+        return ReplicaLoad(own.queued * scale, own.decoding * scale, kv_used, cap, own.stall_keys, own.stalled_s,
+                           scale)
 
     def _rates(self, snapshot: PoolSnapshot) -> dict[str, Rates]:
         """Rates and KV capacities change only with the table: computed once per table object."""
@@ -165,6 +165,7 @@ class TidegatePolicy:
         out = self._output(request)
         remaining = max(1.0, self._mean_output / 2)
         share = self._own_share(cands)
+        self._share, self._tpot_slo_s = share, slo.tpot_s
         return [predict(e.replica_id, self._load(e, share), rates[e.replica_id], request.prompt_tokens,
                         self._index.cached_tokens(e.replica_id, blocks), out, remaining, slo.ttft_s, slo.tpot_s)
                 for e in cands]
@@ -216,22 +217,26 @@ class TidegatePolicy:
         prefill = float(max(1, request.prompt_tokens - cached))
         out = self._output(request)
         kv = float(request.prompt_tokens) + out
-        frag = _fragility(out)
         if request.max_tokens:  # its expected output, known now; others teach it when they finish
             self._mean_output += EWMA_ALPHA * (out - self._mean_output)
         self._seen += 1
         if self._seen == 1:
             self._mean_prefill = prefill
-            self._mean_fragility = frag
         else:
             self._mean_prefill += EWMA_ALPHA * (prefill - self._mean_prefill)
-            self._mean_fragility += EWMA_ALPHA * (frag - self._mean_fragility)
         own = self._own.setdefault(replica_id, _Own())
         own.queued += prefill
         own.waiting += 1
         own.kv += kv
-        own.fragility += frag
-        self._flights[self._key(request, replica_id)] = _Flight(replica_id, prefill, kv, frag)
+        # Its prefill stalls everyone there (with N routers, the others' prefills too: scaled).
+        scale = 1.0 / self._share
+        rates = self._table[1].get(replica_id, DEFAULT_RATES) if self._table is not None else DEFAULT_RATES
+        own.stalled_s += prefill / rates.prefill_tps * scale
+        # What it can absorb from prefills placed after it before its TPOT misses the target.
+        slack = self._tpot_slo_s - rates.step_s(own.decoding * scale + 1)
+        key = own.stalled_s + max(0.0, slack) * max(0.0, out - 1.0)
+        bisect.insort(own.stall_keys, key)
+        self._flights[self._key(request, replica_id)] = _Flight(replica_id, prefill, kv, key)
         # Bounded by the replica's KV capacity, as its prefix cache is.
         self._index.learn(replica_id, blocks, self._capacity.get(replica_id, 0.0))
 
@@ -266,6 +271,8 @@ class TidegatePolicy:
             own.queued = max(0.0, own.queued - f.prefill)
             own.waiting = max(0, own.waiting - 1)
         own.kv = max(0.0, own.kv - f.kv)
-        own.fragility = max(0.0, own.fragility - f.fragility)
+        i = bisect.bisect_left(own.stall_keys, f.stall_key)
+        if i < len(own.stall_keys) and own.stall_keys[i] == f.stall_key:
+            del own.stall_keys[i]
         if own.waiting == 0 and own.decoding == 0:
             del self._own[replica_id]  # nothing left: no float drift carried forward
