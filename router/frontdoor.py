@@ -279,11 +279,12 @@ class GuardedRequestHandler(web_protocol.RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         self._door.table.touch(self, self._door.clock())
-        if self._header_timer is None and self._current_request is None:
-            self._header_timer = self._loop.call_later(self._door.limits.header_timeout_s, self._header_timeout)
+        first_bytes = self._header_timer is None and self._current_request is None
         super().data_received(data)
-        if self._header_timer is not None and (self._messages or not self.waiting_for_request):
+        if self._messages or not self.waiting_for_request:
             self._cancel_header_timer()  # a whole request (or a parse error) is in
+        elif first_bytes:  # a request's headers began but are not all in (armed only then: most come whole)
+            self._header_timer = self._loop.call_later(self._door.limits.header_timeout_s, self._header_timeout)
 
     def _header_timeout(self) -> None:
         self._header_timer = None

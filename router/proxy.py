@@ -138,21 +138,30 @@ def json_error(status: int, message: str, type_: str, param: str | None = None, 
                         content_type="application/json", headers=headers)
 
 
-def _connection_tokens(headers: Any) -> set[str]:
-    out: set[str] = set()
-    for value in headers.getall("Connection", []):
-        out.update(t.strip().lower() for t in value.split(","))
-    return out
+def _dropped(headers: Any, always: frozenset[str]) -> frozenset[str]:
+    """`always` and the headers the Connection header names (hop-by-hop too)."""
+    values = headers.getall("Connection", ())
+    if not values:
+        return always
+    return always.union(t.strip().lower() for value in values for t in value.split(","))
 
 
 def forward_request_headers(headers: Any) -> CIMultiDict[str]:
-    drop = _DROP_REQUEST | _connection_tokens(headers)
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+    drop = _dropped(headers, _DROP_REQUEST)
+    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
 
 
 def forward_response_headers(headers: Any) -> CIMultiDict[str]:
-    drop = _DROP_RESPONSE | _connection_tokens(headers)
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+    drop = _dropped(headers, _DROP_RESPONSE)
+    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
+
+
+class _Relayed(web.StreamResponse):
+    """An engine's answer on its way to the client. Its headers wait for the first body chunk and
+    go out with it in one write (a StreamResponse sends them alone at prepare(); web.Response
+    buffers them the same way): the proxy has that chunk in hand before it prepares."""
+
+    _send_headers_immediately = False  # aiohttp 3.14's switch (pinned <3.15 for router/frontdoor.py)
 
 
 def _sse_error(message: str) -> bytes:
@@ -445,8 +454,8 @@ class Proxy:
     async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
                       table: PoolTable, choice: registry.Pick, features: RequestFeatures,
                       t0: float) -> web.StreamResponse:
-        out = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                 headers=forward_response_headers(upstream.headers))
+        out = _Relayed(status=upstream.status, reason=upstream.reason,
+                       headers=forward_response_headers(upstream.headers))
         out.headers[REPLICA_HEADER] = choice.replica_id
         is_sse = upstream.content_type == "text/event-stream"
         if upstream.content_length is not None and not is_sse:
