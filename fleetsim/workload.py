@@ -6,8 +6,9 @@ optionally ``prefix_hashes`` (JSONL: a list; CSV: ids separated by spaces) and `
 class name such as "interactive", or an integer; integers are passed to policies as the request
 priority, names map to 0). Arrivals are made relative to the first request.
 
-Generic traces' prefix hashes cover 16 prompt tokens each (one per engine block); Mooncake's
-cover 512. Priority classes: when a trace has none, every request is in class "default".
+Generic traces' prefix hashes cover tidegate.tokens.PREFIX_BLOCK_TOKENS (64) prompt tokens each,
+as the router and `tidegate sim` cut prompt text; Mooncake's cover 512. Priority classes: when a
+trace has none, every request is in class "default".
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from tidegate.fleet import traces
 from tidegate.fleet.traces import TraceError, TraceRequest
+from tidegate.tokens import PREFIX_BLOCK_TOKENS
 
 DEFAULT_CLASS = "default"
 
@@ -35,7 +37,7 @@ class SimRequest:
     prefix_hashes: tuple = ()
     klass: str = DEFAULT_CLASS
     priority: int = 0
-    hash_block_tokens: int = 16       # prompt tokens per prefix hash (Mooncake: 512)
+    hash_block_tokens: int = PREFIX_BLOCK_TOKENS  # prompt tokens per prefix hash (Mooncake: 512)
 
     @property
     def req_id(self) -> str:
@@ -108,7 +110,7 @@ def _is_generic(path: Path) -> bool:
 MOONCAKE_BLOCK_TOKENS = 512
 
 
-def from_trace(reqs: Sequence[TraceRequest], hash_block_tokens: int = 16) -> list[SimRequest]:
+def from_trace(reqs: Sequence[TraceRequest], hash_block_tokens: int = PREFIX_BLOCK_TOKENS) -> list[SimRequest]:
     return [SimRequest(i, r.arrival_s, r.prompt_tokens, r.output_tokens, tuple(r.prefix_hashes),
                        hash_block_tokens=hash_block_tokens)
             for i, r in enumerate(reqs)]

@@ -31,12 +31,12 @@ class BadRequest(RequestError):
 
 
 # Prefix blocks are cut by the rule the simulated engine's prefix cache uses (tidegate/tokens.py);
-# the router hashes at most this many (4,096 tokens): the per-request cost stays bounded.
+# the router hashes at most this many (16,384 tokens): the per-request cost stays bounded.
 MAX_PREFIX_BLOCKS = 256
 
 
 def prefix_hashes(text: str) -> tuple[int, ...]:
-    """Chained ids of the full 64-byte blocks of `text`, bounded to MAX_PREFIX_BLOCKS."""
+    """Chained ids of the full PREFIX_BLOCK_BYTES blocks of `text`, bounded to MAX_PREFIX_BLOCKS."""
     return prefix_block_hashes(text, MAX_PREFIX_BLOCKS)
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Write held-out workloads for `tidegate simulate --trace` (generic JSONL, one request a line:
-arrival_s, prompt_tokens, output_tokens[, prefix_hashes]; one prefix hash per 16 prompt tokens).
+arrival_s, prompt_tokens, output_tokens[, prefix_hashes]; one prefix hash per 64 prompt tokens,
+tidegate.tokens.PREFIX_BLOCK_TOKENS, as `tidegate simulate` reads generic traces).
 
     scripts/make_workloads.py longshort OUT.jsonl [--requests N] [--seed S]
     scripts/make_workloads.py multiturn OUT.jsonl [--requests N] [--seed S]
@@ -24,7 +25,7 @@ import math
 import random
 from pathlib import Path
 
-BLOCK = 16
+from tidegate.tokens import PREFIX_BLOCK_TOKENS as BLOCK
 
 
 def _lognormal(rng: random.Random, mean: float, sigma: float, lo: int, hi: int) -> int:

@@ -14,8 +14,9 @@ live in the shared core because neither process may import the other; see [tool.
 Prefix blocks, shared by the router (affinity) and the simulated engine (its prefix cache), so
 that a block id the router predicts is the block the engine caches: the prompt's text (a
 completion prompt as sent; a chat as ``role:content\n`` per message, in order) is cut into
-64-byte blocks, 16 tokens under the byte rule (one KV block), and block i's id is a hash of
-bytes 0..64(i+1), so equal ids mean an equal prefix up to that block. Token-id prompts have no
+PREFIX_BLOCK_BYTES-byte blocks (64 tokens under the byte rule, four 16-token KV blocks), and
+block i's id is a hash of bytes 0..PREFIX_BLOCK_BYTES·(i+1), so equal ids mean an equal prefix
+up to that block. Token-id prompts have no
 text and get no blocks.
 
 Pure functions: no I/O, no state.
@@ -31,7 +32,10 @@ from typing import Any
 BYTES_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
 TOKENS_PER_REPLY = 2
-PREFIX_BLOCK_BYTES = 64
+# Prefix blocks of 64 tokens (4 of vLLM's 16-token KV blocks): a prefix cache hit is counted to
+# 64 tokens, and the router hashes a 4k-token prompt in 64 steps, not 256 (each one is a Python
+# call: the per-request cost of prefix affinity is mostly this loop).
+PREFIX_BLOCK_BYTES = 256
 PREFIX_BLOCK_TOKENS = PREFIX_BLOCK_BYTES // BYTES_PER_TOKEN
 
 

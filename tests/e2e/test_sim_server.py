@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tidegate.simulator.engine import Engine
 from tidegate.simulator.profiles import get_profile
 from tidegate.simulator.server import SIM_KEY, create_app
+from tidegate.tokens import PREFIX_BLOCK_BYTES, PREFIX_BLOCK_TOKENS
 
 pytestmark = pytest.mark.e2e
 
@@ -397,9 +398,9 @@ async def test_prefix_cache_counters_in_metrics():
 @pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
 async def test_prefix_cache_hits_over_http(server, chat):
     """The server hashes the text it receives: a prompt that repeats an earlier one's leading
-    64-byte blocks is served from the cache, by exactly those blocks; another prompt is not."""
+    PREFIX_BLOCK_BYTES blocks is served from the cache, by exactly those blocks; another prompt is not."""
     app, base, session = server
-    shared = "".join(f"system rule {i:03d}. " for i in range(40))[:64 * 10]  # 10 whole blocks
+    shared = "".join(f"system rule {i:03d}. " for i in range(200))[:PREFIX_BLOCK_BYTES * 10]  # 10 whole blocks
     path = "/v1/chat/completions" if chat else "/v1/completions"
 
     def body(head: str, text: str) -> dict:
@@ -414,7 +415,7 @@ async def test_prefix_cache_hits_over_http(server, chat):
             assert r.status == 200
             await r.read()
     stats = app[SIM_KEY].engine.stats()
-    assert stats.prefix_cache_hits_total == 2 * 10 * 16  # the 2nd and 3rd prompts, not the 1st or 4th
+    assert stats.prefix_cache_hits_total == 2 * 10 * PREFIX_BLOCK_TOKENS  # the 2nd and 3rd prompts only
 
 
 def test_subprocess_cli_sglang_flavor():

@@ -76,7 +76,7 @@ def test_virtual_hashes_are_the_live_engines_and_routers(tmp_path: Path, groups:
         body = {"model": "m", "prompt": text}
         # As `tidegate sim` hashes what it receives (simulator.server._generate, SimServer.submit).
         live = engine_block_ids(prefix_block_hashes(prefix_text(body, False)), block_size)
-        assert live == (tuple(row["prefix_hashes"]), 16)   # 16: generic traces' tokens per id
+        assert live == (tuple(row["prefix_hashes"]), PREFIX_BLOCK_TOKENS)   # generic traces' tokens per id
         assert request_prefix_hashes("/v1/completions", body) == live[0]
         assert len(live[0]) == r.prompt_tokens // PREFIX_BLOCK_TOKENS
         assert (row["arrival_s"], row["prompt_tokens"], row["output_tokens"]) == \
@@ -93,7 +93,7 @@ def test_an_engine_hits_exactly_the_shared_blocks(tmp_path: Path, groups: int, p
     seen: set[tuple[int, ...]] = set()
     expected = 0
     for i, (r, row) in enumerate(zip(trace, xc.virtual_trace(trace), strict=True)):
-        engine.add_request(f"r{i}", r.prompt_tokens, 1, engine.clock_s, row["prefix_hashes"], 16)
+        engine.add_request(f"r{i}", r.prompt_tokens, 1, engine.clock_s, row["prefix_hashes"], PREFIX_BLOCK_TOKENS)
         engine.advance(engine.clock_s + 10.0)
         if groups and r.prefix_hashes in seen:
             expected += prefix_tokens
@@ -102,7 +102,7 @@ def test_an_engine_hits_exactly_the_shared_blocks(tmp_path: Path, groups: int, p
     assert (expected > 0) == (groups > 0)
 
 
-@pytest.mark.parametrize("prefix_tokens", [0, 100, 1000, 4096, 5120])
+@pytest.mark.parametrize("prefix_tokens", [0, 100, 1000, xc.MAX_SHARED_MODE_TOKENS, xc.MAX_SHARED_MODE_TOKENS + 1024])
 def test_bad_prefix_length_is_refused(tmp_path: Path, prefix_tokens: int) -> None:
     with pytest.raises(ValueError, match="--prefix-tokens must be a multiple of 512"):
         xc.write_workload(tmp_path / "w.jsonl", 10, 5.0, 1, 300, 50, 2, prefix_tokens)

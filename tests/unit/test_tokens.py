@@ -3,6 +3,8 @@ from __future__ import annotations
 import pytest
 
 from tidegate.tokens import (
+    PREFIX_BLOCK_BYTES,
+    PREFIX_BLOCK_TOKENS,
     count_chat_tokens,
     count_completion_prompt_tokens,
     count_prompt_tokens,
@@ -10,6 +12,8 @@ from tidegate.tokens import (
     prefix_block_hashes,
     prefix_text,
 )
+
+B, T = PREFIX_BLOCK_BYTES, PREFIX_BLOCK_TOKENS
 
 
 @pytest.mark.parametrize(
@@ -48,11 +52,11 @@ def test_completion_prompt_forms():
 @pytest.mark.parametrize(
     ("hashes", "block_size", "expected"),
     [
-        ((1, 2, 3, 4), 16, ((1, 2, 3, 4), 16)),   # one id per KV block
-        ((1, 2, 3, 4), 8, ((1, 2, 3, 4), 16)),    # two KV blocks per id
-        ((1, 2, 3, 4), 32, ((2, 4), 32)),         # every 2nd chained id names its 32 tokens
-        ((1, 2, 3, 4, 5), 48, ((3,), 48)),        # a partial 48-token block is not cacheable
-        ((), 32, ((), 32)),
+        ((1, 2, 3, 4), T // 4, ((1, 2, 3, 4), T)),   # four 16-token KV blocks per id
+        ((1, 2, 3, 4), T // 8, ((1, 2, 3, 4), T)),   # eight KV blocks per id
+        ((1, 2, 3, 4), 2 * T, ((2, 4), 2 * T)),      # every 2nd chained id names its 2T tokens
+        ((1, 2, 3, 4, 5), 3 * T, ((3,), 3 * T)),     # a partial 3T-token block is not cacheable
+        ((), 2 * T, ((), 2 * T)),
     ],
 )
 def test_engine_block_ids(hashes, block_size, expected):
@@ -71,12 +75,12 @@ def _common(a: tuple, b: tuple) -> int:
 @pytest.mark.parametrize(
     ("a", "b", "shared_blocks"),
     [
-        ("s" * 640 + "one", "s" * 640 + "two", 10),
-        ("s" * 639 + "one", "s" * 639 + "two", 9),      # the 10th block differs in its last byte
-        ("s" * 640, "s" * 640, 10),
-        ("é" * 64, "é" * 64 + "x", 2),                 # blocks are bytes, not characters
+        ("s" * 10 * B + "one", "s" * 10 * B + "two", 10),
+        ("s" * (10 * B - 1) + "one", "s" * (10 * B - 1) + "two", 9),  # the 10th block differs in its last byte
+        ("s" * 10 * B, "s" * 10 * B, 10),
+        ("é" * B, "é" * B + "x", 2),                   # blocks are bytes, not characters
         ("abc", "abc", 0),                               # no whole block
-        ("t" * 64 * 300, "t" * 64 * 300, 300),          # no cap unless asked for one
+        ("t" * B * 300, "t" * B * 300, 300),            # no cap unless asked for one
     ],
 )
 def test_prefix_block_hashes_share_exactly_the_common_whole_blocks(a, b, shared_blocks):
@@ -90,8 +94,8 @@ def test_router_and_engine_cut_the_same_blocks():
     """The router's ids (capped) are the leading ids the engine hashes from the same request."""
     from tidegate.router.parse import MAX_PREFIX_BLOCKS, request_prefix_hashes
 
-    chat = {"messages": [{"role": "system", "content": "rules " * 3000}, {"role": "user", "content": "hi " * 50}]}
-    completion = {"prompt": "document " * 2000}
+    chat = {"messages": [{"role": "system", "content": "rules " * 12000}, {"role": "user", "content": "hi " * 50}]}
+    completion = {"prompt": "document " * 8000}
     for path, payload, is_chat in (("/v1/chat/completions", chat, True), ("/v1/completions", completion, False)):
         engine = prefix_block_hashes(prefix_text(payload, is_chat))
         assert len(engine) > MAX_PREFIX_BLOCKS

@@ -55,7 +55,7 @@ def write_workload(path: Path, n: int, rate: float, seed: int, prompt_mean: floa
             hashes: list[int] = []
             if groups:
                 hashes = group_hashes(rng.randrange(groups), prefix_tokens)
-                p = prefix_tokens + max(16, min(MAX_SHARED_MODE_TOKENS - prefix_tokens, p))
+                p = prefix_tokens + max(PREFIX_BLOCK_TOKENS, min(MAX_SHARED_MODE_TOKENS - prefix_tokens, p))
             else:
                 p = max(16, min(8000, p))
             f.write(json.dumps({"timestamp": int(t * 1000), "input_length": p, "output_length": o,
