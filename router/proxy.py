@@ -49,6 +49,7 @@ from tidegate.router.ratelog import LogRateLimiter
 from tidegate.router.refusals import ConnectRefusals
 from tidegate.router.reqclass import BadHeader, RequestClass, classify
 from tidegate.router.tables import PoolTable, RoutingTables
+from tidegate.tokens import PREFIX_BLOCK_TOKENS
 
 log = structlog.get_logger(__name__)
 
@@ -280,7 +281,8 @@ class Proxy:
         the pick and the attempts (`_send`)."""
         policy = self._policy(table.pool)
         req = registry.RequestFeatures(prompt_tokens=features.prompt_tokens, max_tokens=features.max_tokens,
-                                       prefix_hashes=features.prefix_hashes, priority=rclass.priority)
+                                       prefix_hashes=features.prefix_hashes, priority=rclass.priority,
+                                       prefix_block_tokens=PREFIX_BLOCK_TOKENS)
         budget = self.admission_budgets.get(table.pool) if self.admission_budgets is not None else None
         gate = self.gate
         if gate is None or not gate.applies(policy):

@@ -179,6 +179,17 @@ def test_index_counts_leading_blocks_and_forgets_beyond_capacity():
     assert idx.cached_tokens("r", a) == 0
 
 
+def test_blocks_of_a_known_size_count_only_the_head_the_router_hashed():
+    """The router hashes at most 256 blocks of a long prompt: its cached tokens are the matching
+    blocks times the block size, not the whole prompt spread over the hashed blocks."""
+    idx = PrefixIndex()
+    hashes = tuple(range(1, 257))
+    idx.learn("r", PrefixBlocks(hashes, 60_000, 64), capacity_tokens=400_000)
+    assert idx.cached_tokens("r", PrefixBlocks(hashes[:100] + (999,) * 156, 60_000, 64)) == 100 * 64
+    # Without the size (a trace's ids over its whole prompt): each id stands for prompt / ids.
+    assert PrefixBlocks(hashes, 60_000).tokens_per_block == pytest.approx(60_000 / 256)
+
+
 # ---------------------------------------------------------------------------- decisions
 
 

@@ -46,9 +46,17 @@ class PrefixBlocks:
 
     __slots__ = ("home_key", "keys", "tokens_per_block")
 
-    def __init__(self, prefix_hashes: Sequence, prompt_tokens: int) -> None:
+    def __init__(self, prefix_hashes: Sequence, prompt_tokens: int, block_tokens: int = 0) -> None:
+        """`block_tokens`: prompt tokens per hash, when known; else the hashes cover the prompt
+        evenly. The router hashes at most a bounded number of blocks, so a long prompt's hashes
+        cover only its head: dividing its whole length by their number would overstate them."""
         self.keys = chained_keys(prefix_hashes)
-        self.tokens_per_block = max(1.0, prompt_tokens / len(self.keys)) if self.keys else 0.0
+        if not self.keys:
+            self.tokens_per_block = 0.0
+        elif block_tokens > 0:
+            self.tokens_per_block = float(block_tokens)
+        else:
+            self.tokens_per_block = max(1.0, prompt_tokens / len(self.keys))
         if self.keys:
             depth = max(1, min(len(self.keys), round(HOME_TOKENS / self.tokens_per_block)))
             self.home_key: int | None = self.keys[depth - 1] & _MASK

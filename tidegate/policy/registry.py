@@ -122,6 +122,9 @@ class RequestFeatures:
     priority: int = 0                    # higher is more important; < 0 is sheddable (GIE convention)
     req_id: str = ""
     true_output_tokens: int | None = None  # only the `clairvoyant` reference may read it
+    # Prompt tokens per prefix hash: the router's text blocks (tidegate.tokens.PREFIX_BLOCK_TOKENS),
+    # or 0 when the hashes cover the prompt evenly (traces: Mooncake's 512-token ids).
+    prefix_block_tokens: int = 0
 
 
 @runtime_checkable

@@ -105,7 +105,7 @@ class TidegatePolicy:
         last = self._last
         if last is not None and last[0] is request:
             return last[1]
-        blocks = PrefixBlocks(request.prefix_hashes, request.prompt_tokens)
+        blocks = PrefixBlocks(request.prefix_hashes, request.prompt_tokens, request.prefix_block_tokens)
         self._last = (request, blocks)
         return blocks
 
