@@ -151,17 +151,14 @@ class Gate:
             return Admitted(frozenset())  # the pick answers 503: no routable replica
         place = self._placement(p, snap, request, cls, budget)
         tokens = Tokens.request(request.prompt_tokens, request.max_tokens or 0)
+        if p.busy:  # a held request is being sent right now: this one may only go after it
+            place = dataclasses.replace(place, open=frozenset())
         key = next(self._keys)
         d = p.queue.arrive(key, cls, self._clock(), arrival_s + slo.ttft_s, place)
-        if d.action == adm.DISPATCH and not p.busy:
+        if d.action == adm.DISPATCH:
             return self._admitted(snap, d, budget, tokens)
         if d.action == adm.REJECT:
             return self._rejected(pool, cls, d, budget, tokens)
-        if d.action == adm.DISPATCH:  # a held request is being sent right now: go after it
-            d = p.queue.arrive(key, cls, self._clock(), arrival_s + slo.ttft_s,
-                               dataclasses.replace(place, open=frozenset()))
-            if d.action == adm.REJECT:
-                return self._rejected(pool, cls, d, budget, tokens)
         fut: asyncio.Future[adm.Decision] = asyncio.get_running_loop().create_future()
         p.waiters[key] = _Waiter(fut, request, slo, snapshot, cls, self._clock(), budget, tokens)
         if budget is not None:

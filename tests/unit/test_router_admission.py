@@ -148,3 +148,22 @@ async def test_budget_share_is_part_of_the_dispatch_decision() -> None:
     assert reg.get_sample_value("tidegate_router_admission_rejected_total",
                                 {"model": "m", "priority": "critical", "reason": "queue_full"}) is None
     g.close()
+
+
+async def test_an_arrival_while_a_held_request_is_being_sent_goes_after_it() -> None:
+    g, _, _ = gate()
+    pol = FakePolicy()
+    pol.queued = {"r0": 900.0, "r1": 900.0}
+    first = asyncio.create_task(admit(g, pol, "critical"))
+    await asyncio.sleep(0)
+    pol.queued = {"r0": 0.0, "r1": 0.0}
+    g.wake("m")                                     # first is dispatched; its handler has not sent it yet
+    assert (await first).held
+    second = asyncio.create_task(admit(g, pol, "critical"))
+    await asyncio.sleep(0)
+    assert not second.done() and g.held("m")["critical"] == 1   # held, though a replica is open
+    g.sent("m")                                     # the first is on its replica: the next may go
+    out = await second
+    assert isinstance(out, Admitted) and out.held
+    g.sent("m")
+    g.close()
