@@ -52,6 +52,16 @@ async def admit(g: Gate, policy: FakePolicy, cls: str, tokens: int = 500):  # no
     return await g.admit("m", policy, FakeRequest(tokens), cls, SLO, 0.0, snapshot)  # type: ignore[arg-type]
 
 
+async def held_one(cls: str = "critical") -> tuple[Gate, CollectorRegistry, list[float], FakePolicy, asyncio.Task]:
+    """A gate holding one request: both replicas over their prefill budget."""
+    g, reg, clock = gate()
+    pol = FakePolicy()
+    pol.queued = {"r0": 900.0, "r1": 900.0}
+    t = asyncio.create_task(admit(g, pol, cls))
+    await asyncio.sleep(0)
+    return g, reg, clock, pol, t
+
+
 async def test_dispatch_hold_reject_and_one_dispatch_at_a_time() -> None:
     g, reg, _ = gate()
     pol = FakePolicy()
@@ -81,11 +91,7 @@ async def test_dispatch_hold_reject_and_one_dispatch_at_a_time() -> None:
 
 
 async def test_disconnect_while_held_leaves_the_queue() -> None:
-    g, reg, _ = gate()
-    pol = FakePolicy()
-    pol.queued = {"r0": 900.0, "r1": 900.0}
-    t = asyncio.create_task(admit(g, pol, "critical"))
-    await asyncio.sleep(0)
+    g, reg, _, _, t = await held_one()
     assert g.held("m")["critical"] == 1
     t.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -151,11 +157,7 @@ async def test_budget_share_is_part_of_the_dispatch_decision() -> None:
 
 
 async def test_an_arrival_while_a_held_request_is_being_sent_goes_after_it() -> None:
-    g, _, _ = gate()
-    pol = FakePolicy()
-    pol.queued = {"r0": 900.0, "r1": 900.0}
-    first = asyncio.create_task(admit(g, pol, "critical"))
-    await asyncio.sleep(0)
+    g, _, _, pol, first = await held_one()
     pol.queued = {"r0": 0.0, "r1": 0.0}
     g.wake("m")                                     # first is dispatched; its handler has not sent it yet
     assert (await first).held
