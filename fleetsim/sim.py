@@ -35,6 +35,13 @@ What runs, and with which real code:
   live router pumps on every first token, completion and table change; here a router with held
   requests pumps every `wake_s` of virtual time and at each arrival it takes (engine events are
   seen when the engines are advanced, which happens then). Held time counts in TTFT.
+- admission budgets (SimConfig.budgets, with admission): every control-plane tick the real
+  `controlplane.admission_budgets.BudgetPublisher.compute` splits the pool's budget among the
+  routers by the demand each reports (what its presence record carries: held + queued + refused),
+  and the record reaches the routers `propagation_s` later when the publisher's `moved` rule would
+  write it; each router keeps its share in the live router's `AdmissionBudgets` ledger and its
+  queue asks it as part of every dispatch decision (`Placement.within_budget`). Demand is read
+  every tick here, every presence interval (2 s) live.
 
 Events at one instant are handled in the order: table delivery, router scrape, agent report,
 control-plane tick, arrival. Before an event at time t that reads engine state every engine it reads is
