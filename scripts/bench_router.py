@@ -266,7 +266,11 @@ def _loadavg() -> str:
 
 
 def _pin(core: int | None) -> list[str]:
-    return ["taskset", "-c", str(core)] if core is not None and shutil.which("taskset") else []
+    """taskset to `core`, and `nice` at BENCH_NICE when set (--nice: the bench's processes ahead of
+    the machine's other work, as on dedicated cores; a negative value needs root)."""
+    nice = os.environ.get("BENCH_NICE")
+    prefix = ["nice", "-n", nice] if nice else []
+    return [*prefix, "taskset", "-c", str(core)] if core is not None and shutil.which("taskset") else prefix
 
 
 def _output(argv: list[str]) -> str:
@@ -500,11 +504,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--router-arg", action="append", default=[],
                     help="extra flag for `tidegate router` (repeat), e.g. --router-arg=--policy=round_robin")
     ap.add_argument("--phases", default="throughput,latency,stream", help="which measurements, comma-separated")
+    ap.add_argument("--nice", type=int, help="run router, upstream and load generators at this nice value "
+                                          "(e.g. -10, as root: ahead of other work on a shared machine)")
     ap.add_argument("--router-cmd", help="command that stands for `tidegate` (default: the venv's), e.g. to "
                                          "compare with another checkout")
     ap.add_argument("--keep-logs", type=Path, help="copy the router's, upstream's and etcd's logs here")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
+    if getattr(args, "nice", None) is not None:
+        os.environ["BENCH_NICE"] = str(args.nice)
     if args.cmd:
         return int(args.func(args))
     with tempfile.TemporaryDirectory(prefix="bench-router-") as tmp:
