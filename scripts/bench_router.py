@@ -16,6 +16,11 @@ one routing table of `--replicas` entries, all pointing at the upstream. Three m
     router CPU per chunk, marginal (minus the CPU of a tiny request, spread over the chunks) and
     total.
 
+`--baseline-cmd CMD` starts a second router (e.g. another checkout's `tidegate`) on the same core,
+etcd and upstream and measures it alongside: closed-loop runs alternate between the two
+(`--rounds N` each, medians reported) and the fixed-rate client's blocks rotate over upstream,
+router and baseline, so that a shared machine's noise hits both alike.
+
 Prints a table and writes JSON (`--json`). Without `wrk` on PATH (apt-get install wrk), (a) and
 (c) fall back to a Python closed-loop client, which is then likely the limit in (a).
 
@@ -317,14 +322,14 @@ class Bench:
             raise SystemExit("upstream did not start: " + (self.tmp / "upstream.log").read_text()[-2000:])
         return f"http://127.0.0.1:{json.loads(line)['port']}"
 
-    def start_router(self, etcd: str) -> tuple[str, int]:
+    def start_router(self, etcd: str, command: str | None, log: str = "router.log") -> tuple[str, int]:
         a = self.args
-        cmd = shlex.split(a.router_cmd) if a.router_cmd else [str(Path(sys.executable).with_name("tidegate"))]
+        cmd = shlex.split(command) if command else [str(Path(sys.executable).with_name("tidegate"))]
         p = self.spawn([*_pin(a.router_core), *cmd, "router", "--etcd", etcd, "--port", "0", "--seed", "1",
-                        "--log-json", *a.router_arg], "router.log")
+                        "--log-json", *a.router_arg], log)
         line = p.stdout.readline()  # type: ignore[union-attr]
         if not line:
-            raise SystemExit("router did not start: " + (self.tmp / "router.log").read_text()[-2000:])
+            raise SystemExit("router did not start: " + (self.tmp / log).read_text()[-2000:])
         url = f"http://127.0.0.1:{json.loads(line)['port']}"
         deadline = time.monotonic() + 20
         while True:  # ready once /health says the tables are synced
@@ -333,7 +338,7 @@ class Bench:
                     if r.status == 200 and json.loads(r.read())["pools"].get("m", {}).get("routable"):
                         return url, p.pid
             if time.monotonic() > deadline:
-                raise SystemExit("router never synced: " + (self.tmp / "router.log").read_text()[-2000:])
+                raise SystemExit("router never synced: " + (self.tmp / log).read_text()[-2000:])
             time.sleep(0.1)
 
     def closed_loop(self, url: str, connections: int, duration: float, stream: bool) -> dict[str, Any]:
@@ -376,46 +381,80 @@ class Bench:
         with EmbeddedEtcd(log_path=self.tmp / "etcd.log") as etcd:
             upstream = self.start_upstream()
             asyncio.run(_put_table(etcd.endpoint, upstream, a.replicas))
-            router, pid = self.start_router(etcd.endpoint)
+            urls = {"router": self.start_router(etcd.endpoint, a.router_cmd)}
+            if a.baseline_cmd:
+                urls["baseline"] = self.start_router(etcd.endpoint, a.baseline_cmd, "baseline.log")
             try:
-                # warm-up: connection pools, code paths, the policy's state
-                self.closed_loop(router, a.connections, 2, stream=False)
+                for url, _ in urls.values():  # warm-up: connection pools, code paths, the policy's state
+                    self.closed_loop(url, a.connections, 2, stream=False)
                 phases = set(a.phases.split(","))
+                figures: dict[str, dict[str, Any]] = {name: {} for name in urls}
                 if "throughput" in phases:
                     direct = self.closed_loop(upstream, a.connections, a.duration, stream=False)
                     result["direct"] = {**direct, "rps": direct["requests"] / direct["wall_s"]}
-                    result["throughput"] = self.measured(router, pid, a.connections, a.duration, stream=False)
+                    for name, t in self.rounds(urls, a.connections, stream=False).items():
+                        figures[name]["throughput"] = t
                 if "latency" in phases:
-                    result["latency"] = self.latency(upstream, router, pid)
+                    for name, lat in self.latency(upstream, urls).items():
+                        figures[name]["latency"] = lat
                 if "stream" in phases:
-                    s = self.measured(router, pid, a.stream_connections, a.duration, stream=True)
-                    s["router_cpu_us_per_chunk"] = s["router_cpu_us_per_request"] / a.chunks
-                    if "throughput" in result:
-                        tiny_us = result["throughput"]["router_cpu_us_per_request"]
-                        s["router_cpu_us_per_chunk_marginal"] = (s["router_cpu_us_per_request"] - tiny_us) / a.chunks
-                    result["stream"] = s
+                    for name, st in self.rounds(urls, a.stream_connections, stream=True).items():
+                        st["router_cpu_us_per_chunk"] = st["router_cpu_us_per_request"] / a.chunks
+                        if "throughput" in figures[name]:
+                            extra_us = st["router_cpu_us_per_request"] - figures[name]["throughput"][
+                                "router_cpu_us_per_request"]
+                            st["router_cpu_us_per_chunk_marginal"] = extra_us / a.chunks
+                        figures[name]["stream"] = st
+                result.update(figures["router"])
+                if "baseline" in figures:
+                    result["baseline"] = figures["baseline"]
             finally:
                 self.close()
         result["loadavg_end"] = _loadavg()
         return result
 
-    def latency(self, upstream: str, router: str, pid: int) -> dict[str, Any]:
+    def rounds(self, urls: dict[str, tuple[str, int]], connections: int, stream: bool) -> dict[str, dict[str, Any]]:
+        """`--rounds` closed-loop runs per router, alternating between the routers (so machine noise
+        hits each alike); per router the run with the median CPU per request, and every run's."""
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in urls}
+        names = list(urls)
+        for i in range(self.args.rounds):
+            for name in names if i % 2 == 0 else names[::-1]:
+                url, pid = urls[name]
+                runs[name].append(self.measured(url, pid, connections, self.args.duration, stream))
+        out = {}
+        for name, rs in runs.items():
+            rs.sort(key=lambda r: r["router_cpu_us_per_request"])
+            out[name] = {**rs[len(rs) // 2], "rounds_cpu_us_per_request": [r["router_cpu_us_per_request"] for r in rs]}
+        return out
+
+    def latency(self, upstream: str, urls: dict[str, tuple[str, int]]) -> dict[str, dict[str, Any]]:
+        """The fixed-rate client over the upstream and every router, in alternating blocks."""
         a = self.args
-        cpu0, t0, syn0 = _cpu_s(pid), time.monotonic(), _syn_retransmits()
-        out = _output([*_pin(a.load_core), sys.executable, __file__, "rate", "--targets", f"{upstream},{router}",
+        cpu0 = {name: _cpu_s(pid) for name, (_, pid) in urls.items()}
+        t0, syn0 = time.monotonic(), _syn_retransmits()
+        targets = [upstream, *(url for url, _ in urls.values())]
+        out = _output([*_pin(a.load_core), sys.executable, __file__, "rate", "--targets", ",".join(targets),
                        "--rate", str(a.rate), "--duration", str(a.latency_duration), "--block-s", str(a.block_s)])
-        cpu_frac = (_cpu_s(pid) - cpu0) / (time.monotonic() - t0)
+        wall = time.monotonic() - t0
         data = json.loads(out)
-        stats: dict[str, Any] = {"rate": a.rate, "failures": data["failures"], "router_cpu_frac": cpu_frac,
-                                 "syn_retransmits_machine": _syn_retransmits() - syn0}
-        for name, target in (("direct", upstream), ("router", router)):
-            xs = data["latency_s"][target]
-            stats[name] = {"n": len(xs), "p50_ms": 1e3 * statistics.median(xs), "p90_ms": 1e3 * _percentile(xs, 0.9),
-                           "p99_ms": 1e3 * _percentile(xs, 0.99), "max_ms": 1e3 * max(xs),
-                           "over_100ms": sum(1 for x in xs if x > 0.1)}
-        for q in ("p50_ms", "p90_ms", "p99_ms"):
-            stats["added_" + q] = stats["router"][q] - stats["direct"][q]
-        return stats
+
+        def stats(xs: list[float]) -> dict[str, Any]:
+            return {"n": len(xs), "p50_ms": 1e3 * statistics.median(xs), "p90_ms": 1e3 * _percentile(xs, 0.9),
+                    "p99_ms": 1e3 * _percentile(xs, 0.99), "max_ms": 1e3 * max(xs),
+                    "over_100ms": sum(1 for x in xs if x > 0.1)}
+
+        direct = stats(data["latency_s"][upstream])
+        result = {}
+        for name, (url, pid) in urls.items():
+            r: dict[str, Any] = {"rate": a.rate, "failures": data["failures"],
+                                 "router_cpu_frac": (_cpu_s(pid) - cpu0[name]) / wall,
+                                 "syn_retransmits_machine": _syn_retransmits() - syn0,
+                                 "direct": direct, "router": stats(data["latency_s"][url])}
+            for q in ("p50_ms", "p90_ms", "p99_ms"):
+                r["added_" + q] = r["router"][q] - direct[q]
+            result[name] = r
+        return result
 
 
 async def _put_table(etcd: str, upstream: str, replicas: int) -> None:
@@ -435,35 +474,48 @@ async def _put_table(etcd: str, upstream: str, replicas: int) -> None:
         await store.close()
 
 
-def report(r: dict[str, Any]) -> str:
+def _rows(r: dict[str, Any], chunks: int, label: str) -> list[tuple[str, str]]:
     rows = []
     if "throughput" in r:
-        t, d = r["throughput"], r["direct"]
+        t = r["throughput"]
         rows += [
-            ("tiny requests/s through the router",
+            (f"{label}: tiny requests/s",
              f"{t['rps']:,.0f} (router CPU {100 * t['router_cpu_frac']:.0f}%, {t['errors']} errors)"),
-            ("tiny requests/s straight to upstream", f"{d['rps']:,.0f}"),
-            ("router CPU per tiny request", f"{t['router_cpu_us_per_request']:.0f} us"),
-            ("tiny requests per router CPU second", f"{1e6 / t['router_cpu_us_per_request']:,.0f}"),
+            (f"{label}: router CPU per tiny request", f"{t['router_cpu_us_per_request']:.0f} us"
+             + (f" (median of {len(t['rounds_cpu_us_per_request'])})" if len(t["rounds_cpu_us_per_request"]) > 1
+                else "")),
+            (f"{label}: tiny requests per router CPU second", f"{1e6 / t['router_cpu_us_per_request']:,.0f}"),
         ]
     if "latency" in r:
         lat = r["latency"]
         rows += [
-            (f"latency at {lat['rate']:.0f} rps, direct P50 / P99",
-             f"{lat['direct']['p50_ms']:.2f} / {lat['direct']['p99_ms']:.2f} ms"),
-            (f"latency at {lat['rate']:.0f} rps, router P50 / P99",
+            (f"{label}: latency at {lat['rate']:.0f} rps, P50 / P99",
              f"{lat['router']['p50_ms']:.2f} / {lat['router']['p99_ms']:.2f} ms ({lat['failures']} errors)"),
-            ("added latency P50 / P99", f"+{lat['added_p50_ms']:.2f} / +{lat['added_p99_ms']:.2f} ms"),
+            (f"{label}: added latency P50 / P99", f"+{lat['added_p50_ms']:.2f} / +{lat['added_p99_ms']:.2f} ms"),
         ]
     if "stream" in r:
         s = r["stream"]
         marginal = s.get("router_cpu_us_per_chunk_marginal")
         rows += [
-            (f"streamed: {r['config']['chunks']} chunks, requests/s",
+            (f"{label}: streamed, {chunks} chunks, requests/s",
              f"{s['rps']:,.1f} (router CPU {100 * s['router_cpu_frac']:.0f}%, {s['errors']} errors)"),
-            ("router CPU per streamed chunk (all / marginal)",
+            (f"{label}: router CPU per streamed chunk (all / marginal)",
              f"{s['router_cpu_us_per_chunk']:.1f} / " + (f"{marginal:.1f} us" if marginal is not None else "-")),
         ]
+    return rows
+
+
+def report(r: dict[str, Any]) -> str:
+    rows = []
+    if "direct" in r:
+        rows.append(("straight to upstream: tiny requests/s", f"{r['direct']['rps']:,.0f}"))
+    if "latency" in r:
+        d = r["latency"]["direct"]
+        rows.append((f"straight to upstream: latency at {r['latency']['rate']:.0f} rps, P50 / P99",
+                     f"{d['p50_ms']:.2f} / {d['p99_ms']:.2f} ms"))
+    rows += _rows(r, r["config"]["chunks"], "router")
+    if "baseline" in r:
+        rows += _rows(r["baseline"], r["config"]["chunks"], "baseline")
     rows.append(("load average start / end", f"{r['loadavg_start']} / {r['loadavg_end']}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -506,6 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", default="throughput,latency,stream", help="which measurements, comma-separated")
     ap.add_argument("--nice", type=int, help="run router, upstream and load generators at this nice value "
                                           "(e.g. -10, as root: ahead of other work on a shared machine)")
+    ap.add_argument("--baseline-cmd", help="a second router, run by this command, measured alongside (its runs "
+                                            "alternate with the first's): e.g. another checkout's tidegate")
+    ap.add_argument("--rounds", type=int, default=1, help="closed-loop runs per router (the median is reported)")
     ap.add_argument("--router-cmd", help="command that stands for `tidegate` (default: the venv's), e.g. to "
                                          "compare with another checkout")
     ap.add_argument("--keep-logs", type=Path, help="copy the router's, upstream's and etcd's logs here")
