@@ -173,6 +173,7 @@ def ref_block_hashes(text: str, max_blocks: int | None = None) -> tuple[int, ...
 
 # ---------------------------------------------------------------------------- random scenarios
 
+DOCS = (tuple(range(40)), tuple(range(0, 80, 2)), tuple(range(100, 140)))
 FLOATS = (0.0, -1.0, math.nan)   # not fitted / nonsense: the pool's median or the default stands in
 entry_st = st.builds(
     lambda i, w, p, b, s, cap, free, running, waiting: RouteInfo(
@@ -189,8 +190,11 @@ slo_st = st.one_of(st.none(), st.builds(SloTargets, st.sampled_from((0.05, 0.5, 
 request_st = st.builds(
     lambda prompt, out, hashes, block: (prompt, out, tuple(hashes), block),
     st.one_of(st.integers(0, 3), st.integers(1, 40_000)), st.one_of(st.none(), st.integers(0, 3_000)),
-    # A small alphabet, so that prompts share prefixes and the index finds them.
-    st.lists(st.integers(0, 2), max_size=40), st.sampled_from((0, 64, 512)))
+    # Prompts that share prefixes of every length (a document's head, then a few own blocks),
+    # so that the index finds them, on some replicas to different depths.
+    st.builds(lambda doc, cut, tail: DOCS[doc][:cut] + tuple(tail), st.integers(0, len(DOCS) - 1),
+              st.integers(0, 40), st.lists(st.integers(0, 2), max_size=6)),
+    st.sampled_from((0, 64, 512)))
 op_st = st.tuples(st.sampled_from(("pick", "pick", "pick", "first", "complete", "output")), request_st,
                   st.integers(0, 1_000), st.booleans(), slo_st)
 
@@ -215,6 +219,16 @@ def check_pick(pol: TidegatePolicy, snap: PoolSnapshot, request: RequestFeatures
 def test_pick_and_predictions_match_the_plain_formulation(pools, ops, policy_slo):
     pol = TidegatePolicy(policy_slo)
     flights: list[tuple[RequestFeatures, str]] = []
+    capacity: dict[str, float] = {}
+
+    def seen(entries: tuple[RouteInfo, ...], exclude: frozenset[str]) -> None:
+        """What on_dispatch reads (rates, KV capacities) comes from the last table that had a candidate."""
+        if any(math.isfinite(x.weight) and x.weight > 0 and x.replica_id not in exclude for x in entries):
+            capacity.update((x.replica_id, float(x.kv_capacity_tokens)) for x in entries)
+            assert pol._table[0] is entries
+            assert pol._table[1] == pool_rates(entries)
+        assert pol._capacity == capacity
+
     for k, (kind, (prompt, out, hashes, block), n, flag, slo) in enumerate(ops):
         entries = pools[n % len(pools)]
         if kind == "pick":
@@ -222,6 +236,13 @@ def test_pick_and_predictions_match_the_plain_formulation(pools, ops, policy_slo
                                       prefix_block_tokens=block)
             exclude = frozenset(x.replica_id for x in entries[: n % 3]) if flag else frozenset()
             got = check_pick(pol, PoolSnapshot(entries, exclude=exclude, slo=slo), request, seed=n)
+            seen(entries, exclude)
+            if n % 3 == 0:  # the simulator's reports read predictions between a pick and its dispatch
+                other = pools[(n + 1) % len(pools)]
+                everyone = frozenset(x.replica_id for x in other) if n % 2 else frozenset()
+                snap = PoolSnapshot(other, exclude=everyone, slo=slo)
+                assert pol.predictions(snap, request) == ref_predictions(pol, snap, request)[0]
+                seen(other, everyone)
             if got is not None:
                 pol.on_dispatch(request, got.replica_id)
                 flights.append((request, got.replica_id))

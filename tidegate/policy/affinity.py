@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from itertools import accumulate, chain, groupby, repeat, takewhile
+from operator import and_
 
 from tidegate.policy.baselines.prefix_blocks import LruBlocks, chained_keys, leading_matches
 
@@ -65,17 +67,49 @@ class PrefixBlocks:
 
 
 class PrefixIndex:
-    """Approximate prefix caches of the replicas, learned from this router's own dispatches."""
+    """Approximate prefix caches of the replicas, learned from this router's own dispatches.
+
+    Alongside each replica's LRU, every key held anywhere maps to a bitmask of the replicas that
+    hold it (one bit per replica), so that `cached_tokens_all` answers for the whole pool in one
+    walk of the prompt's keys instead of one walk per replica (a shared system prompt makes those
+    walks long, and the pick asks for every candidate on every request)."""
 
     def __init__(self) -> None:
         self._lru: dict[str, LruBlocks] = {}
         self._ids: dict[str, int] = {}
+        self._holders: dict[int, int] = {}     # key -> bits of the replicas whose LRU holds it
+        self._bit: dict[str, int] = {}         # replica id -> its bit
+        self._by_bit: dict[int, str] = {}
 
     def cached_tokens(self, replica_id: str, blocks: PrefixBlocks) -> int:
         idx = self._lru.get(replica_id)
         if idx is None or not blocks.keys:
             return 0
         return int(leading_matches(blocks.keys, idx.blocks) * blocks.tokens_per_block)
+
+    def cached_tokens_all(self, blocks: PrefixBlocks) -> dict[str, int]:
+        """`cached_tokens` of every replica whose count is not 0 (absent: 0)."""
+        keys = blocks.keys
+        if not keys or not self._bit:
+            return {}
+        # The replicas that hold each of the first i keys, for i = 0, 1, ...: a running AND of
+        # the keys' holders, computed by itertools in C, stopped where no replica is left. It only
+        # ever loses bits, in runs of equal values: a replica's count is where its bit goes.
+        held = accumulate(map(self._holders.get, keys, repeat(0)), and_, initial=(1 << len(self._bit)) - 1)
+        tpb, by_bit = blocks.tokens_per_block, self._by_bit
+        out: dict[str, int] = {}
+        alive, n = 0, -1     # the initial value stands for no key
+        # A last, empty run with no replica left ends the ones still holding every key.
+        for mask, run in chain(groupby(takewhile(bool, held)), ((0, ()),)):
+            lost, alive = alive & ~mask, mask
+            if lost and n:
+                tokens = int(n * tpb)
+                while lost:
+                    bit = lost & -lost
+                    out[by_bit[bit]] = tokens
+                    lost ^= bit
+            n += len(list(run))
+        return out
 
     def learn(self, replica_id: str, blocks: PrefixBlocks, capacity_tokens: float) -> None:
         if not blocks.keys:
@@ -84,8 +118,19 @@ class PrefixIndex:
         cap = capacity_tokens if capacity_tokens > 0 else DEFAULT_CAPACITY_TOKENS
         if idx is None:
             idx = self._lru[replica_id] = LruBlocks(cap)
+            bit = self._bit[replica_id] = 1 << len(self._bit)
+            self._by_bit[bit] = replica_id
         idx.capacity_tokens = cap
-        idx.insert(blocks.keys, blocks.tokens_per_block)
+        evicted = idx.insert(blocks.keys, blocks.tokens_per_block)
+        bit, holders = self._bit[replica_id], self._holders
+        for k in blocks.keys:
+            holders[k] = holders.get(k, 0) | bit
+        for k in evicted:
+            rest = holders[k] & ~bit
+            if rest:
+                holders[k] = rest
+            else:
+                del holders[k]
 
     def rank(self, replica_id: str, home_key: int) -> int:
         """Rendezvous score of `replica_id` for `home_key`: higher = more at home."""

@@ -166,24 +166,66 @@ def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int
     out of its TPOT target (a miss is a miss, however small the increment that caused it, and
     increments that leave everyone within the target cost nothing). The pick minimises it.
     """
-    cached = max(0, min(int(cached_tokens), int(prompt_tokens) - 1))
-    own = max(1, int(prompt_tokens) - cached)
-    work = max(0.0, load.queued_prefill) + own
-    batch = max(0.0, load.decoding)
-    step = rates.step_s(batch)
-    prefill_s = work / rates.prefill_tps
-    ttft = prefill_s + math.ceil(work / CHUNK_TOKENS) * step
-    kv_wait = 0.0
-    remaining = max(1.0, remaining_output)
-    if load.kv_capacity > 0:
-        shortfall = work + max(0.0, output_tokens) - (load.kv_capacity - max(0.0, load.kv_used))
-        if shortfall > 0:
-            # The KV in use drains as its sequences finish, over about `remaining` steps each.
-            drain_tps = max(load.kv_used, 1.0) / (remaining * step)
-            kv_wait = shortfall / drain_tps
-    ttft += kv_wait
-    tpot = rates.step_s(batch + 1) + prefill_s / remaining
-    pushed = pushed_out(load.stall_keys, load.stalled_s, own / rates.prefill_tps) * max(1.0, load.per_key)
-    cost = ttft / ttft_slo_s + tpot / tpot_slo_s + pushed
-    return Prediction(replica_id, cached, own, ttft, tpot, kv_wait, pushed, cost, max(0.0, load.queued_prefill),
-                      prefill_budget(rates, batch + 1, tpot_slo_s), rates.prefill_tps)
+    load = (replica_id, load.queued_prefill, load.decoding, load.kv_used, load.kv_capacity, load.stall_keys,
+            load.stalled_s, load.per_key, rates, cached_tokens)
+    return Prediction(*predict_rows((load,), prompt_tokens, output_tokens, remaining_output, ttft_slo_s, tpot_slo_s)[0])
+
+
+# Positions in predict_rows' tuples of the fields the pick decides on (Prediction's field order).
+CACHED, TTFT, TPOT, KV_WAIT, COST = 1, 3, 4, 5, 7
+
+
+def predict_rows(loads: Iterable[tuple], prompt_tokens: int, output_tokens: float, remaining_output: float,
+                 ttft_slo_s: float, tpot_slo_s: float) -> list[tuple]:
+    """`predict` for one request on many replicas, as plain tuples in Prediction's field order.
+
+    Each load is (replica_id, queued_prefill, decoding, kv_used, kv_capacity, stall_keys, stalled_s,
+    per_key, rates, cached_tokens), ReplicaLoad's fields in its order. The pick runs this on every
+    candidate for every request (the router's per-request cost), so what does not depend on the
+    replica is computed once, step_s, prefill_budget and pushed_out are written out, and no object
+    is built per candidate. `max(0.0, x)` is written `x if x > 0.0 else 0.0`, which returns the same
+    value in every case (NaN and -0.0 included: both give 0.0), so the figures are bit-for-bit
+    predict's as README.md states them (tests/unit/test_pick_equivalence.py keeps that version)."""
+    prompt = int(prompt_tokens)
+    output = output_tokens if output_tokens > 0.0 else 0.0
+    remaining = remaining_output if remaining_output > 1.0 else 1.0
+    ceil, bisect_right = math.ceil, bisect.bisect_right
+    rows = []
+    for replica_id, queued, decoding, kv_used, kv_capacity, stall_keys, stalled_s, per_key, rates, cached in loads:
+        cached = int(cached)
+        if cached > prompt - 1:
+            cached = prompt - 1
+        if cached < 0:
+            cached = 0
+        own = prompt - cached
+        if own < 1:
+            own = 1
+        if not queued > 0.0:
+            queued = 0.0
+        work = queued + own
+        batch = decoding if decoding > 0.0 else 0.0
+        tps, base, per_seq = rates.prefill_tps, rates.step_base_s, rates.step_per_seq_s
+        step = base + per_seq * batch
+        prefill_s = work / tps
+        ttft = prefill_s + ceil(work / CHUNK_TOKENS) * step
+        kv_wait = 0.0
+        if kv_capacity > 0:
+            shortfall = work + output - (kv_capacity - (kv_used if kv_used > 0.0 else 0.0))
+            if shortfall > 0:
+                # The KV in use drains as its sequences finish, over about `remaining` steps each.
+                drain_tps = (1.0 if 1.0 > kv_used else kv_used) / (remaining * step)
+                kv_wait = shortfall / drain_tps
+        ttft += kv_wait
+        step_joined = base + per_seq * (batch + 1)     # step_s(batch + 1): the batch it joins
+        tpot = step_joined + prefill_s / remaining
+        stall = own / tps
+        pushed = 0.0
+        if stall_keys and not stall <= 0:   # pushed_out's test, NaN included
+            pushed = float(bisect_right(stall_keys, stalled_s + stall) - bisect_right(stall_keys, stalled_s))
+        pushed *= per_key if per_key > 1.0 else 1.0
+        cost = ttft / ttft_slo_s + tpot / tpot_slo_s + pushed
+        budget = (tpot_slo_s - step_joined) * tps       # prefill_budget(rates, batch + 1, tpot_slo_s)
+        if not budget > 0.0:
+            budget = 0.0
+        rows.append((replica_id, cached, own, ttft, tpot, kv_wait, pushed, cost, queued, budget, tps))
+    return rows

@@ -32,7 +32,18 @@ from dataclasses import dataclass, field
 
 from tidegate.policy.affinity import PrefixBlocks, PrefixIndex
 from tidegate.policy.pick import Pick
-from tidegate.policy.predict import DEFAULT_RATES, Prediction, Rates, ReplicaLoad, pool_rates, predict
+from tidegate.policy.predict import (
+    CACHED,
+    COST,
+    DEFAULT_RATES,
+    KV_WAIT,
+    TPOT,
+    TTFT,
+    Prediction,
+    Rates,
+    pool_rates,
+    predict_rows,
+)
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets, make_pick
 
 # Bounded load: affinity (cache reuse, the prefix's home) may cost at most this factor of the
@@ -74,6 +85,21 @@ class _Own:
     stall_keys: list[float] = field(default_factory=list)
 
 
+# A replica with none of this router's requests on it (read only).
+_IDLE = _Own()
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """The candidates of one table and exclusion set, with what the pick reads of each."""
+
+    entries: tuple[RouteInfo, ...]
+    exclude: frozenset[str]
+    rows: list[tuple[str, Rates, float, float | None]]   # id, rates, KV capacity, KV used by the table
+    table: int                                           # running + waiting over the candidates
+    by_id: dict[str, RouteInfo]                          # every entry of the table
+
+
 class TidegatePolicy:
     name = "tidegate"
     uses_prefix_hashes = True  # the router computes RequestFeatures.prefix_hashes only for such policies
@@ -98,6 +124,7 @@ class TidegatePolicy:
         self._capacity: dict[str, float] = {}   # KV tokens per replica, from the last table seen
         self._last: tuple[RequestFeatures, PrefixBlocks] | None = None
         self._table: tuple[tuple[RouteInfo, ...], dict[str, Rates]] | None = None
+        self._cands: _Candidates | None = None
 
     # ------------------------------------------------------------------ prediction
 
@@ -116,32 +143,14 @@ class TidegatePolicy:
             return max(1.0, float(request.max_tokens) * self._cap_use)
         return self._mean_output
 
-    def _own_share(self, cands: list[RouteInfo]) -> float:
+    def _own_share(self, table: int) -> float:
         """This router's share of the pool's in-flight requests: its own in-flight count over the
-        table's running + waiting, both summed over the pool (one replica's noise does not
-        decide), clamped to [MIN_SHARE, 1]. About 1 with one router, about 1/N with N alike."""
-        table = sum(max(0, e.running) + max(0, e.waiting) for e in cands)
+        table's running + waiting (`table`), both summed over the pool (one replica's noise does
+        not decide), clamped to [MIN_SHARE, 1]. About 1 with one router, about 1/N with N alike."""
         own = sum(o.waiting + o.decoding for o in self._own.values())
         if table <= 0 or own <= 0:
             return 1.0
         return min(1.0, max(MIN_SHARE, own / table))
-
-    def _load(self, e: RouteInfo, share: float) -> ReplicaLoad:
-        """This router's own in-flight work, scaled up to the whole pool's: own / share.
-
-        Own counts are exact and fresh but only this router's part; the table counts everyone's
-        but is a report (1 s) plus a publish old, older than a queue of prefills takes to move.
-        With the requests spread evenly over N routers that run this same pick, every router
-        sees the same mix and makes the same kind of choices (the same prefix homes above all),
-        so the pool's load on a replica is about N times this router's. KV, which moves slowly,
-        takes the larger of that and the table's figure."""
-        own = self._own.get(e.replica_id) or _Own()
-        scale = 1.0 / share
-        cap = float(max(0, e.kv_capacity_tokens))
-        kv_used = max(own.kv * scale, cap - max(0, e.kv_free_tokens)) if cap > 0 else own.kv * scale
-        # Others' sequences there: as many as ours times (scale - 1), as close to their targets.
-        return ReplicaLoad(own.queued * scale, own.decoding * scale, kv_used, cap, own.stall_keys, own.stalled_s,
-                           scale)
 
     def _rates(self, snapshot: PoolSnapshot) -> dict[str, Rates]:
         """Rates and KV capacities change only with the table: computed once per table object."""
@@ -154,54 +163,103 @@ class TidegatePolicy:
         self._table = (snapshot.entries, rates)
         return rates
 
-    def predictions(self, snapshot: PoolSnapshot, request: RequestFeatures) -> list[Prediction]:
-        """One per candidate, in replica-id order: what `pick` decides on."""
+    def _candidates(self, snapshot: PoolSnapshot) -> _Candidates:
+        """What the pick reads of the table, computed once per table object and exclusion set
+        (the table is immutable; a router reuses it until the next publish). As before this
+        cache, a table without candidates does not replace the rates and capacities that
+        on_dispatch reads (self._table), and a cached table with candidates is that table."""
+        cached = self._cands
+        if cached is not None and cached.entries is snapshot.entries and cached.exclude == snapshot.exclude:
+            return cached
         cands = snapshot.candidates()
-        if not cands:
+        rates = self._rates(snapshot) if cands else {}
+        rows = []
+        table = 0
+        for e in cands:
+            cap = float(max(0, e.kv_capacity_tokens))
+            # _load's KV: the table's figure takes part only when the capacity is known.
+            reported = cap - max(0, e.kv_free_tokens) if cap > 0 else None
+            rows.append((e.replica_id, rates[e.replica_id], cap, reported))
+            table += max(0, e.running) + max(0, e.waiting)
+        self._cands = _Candidates(snapshot.entries, snapshot.exclude, rows, table,
+                                  {e.replica_id: e for e in snapshot.entries})
+        return self._cands
+
+    def _rows(self, snapshot: PoolSnapshot, request: RequestFeatures) -> list[tuple]:
+        """`predictions` as predict_rows' tuples (the pick builds no Prediction): one per
+        candidate, in replica-id order. Sets what on_dispatch reads of the last pick.
+
+        A replica's load is this router's own in-flight work there, scaled up to the whole
+        pool's: own / share. Own counts are exact and fresh but only this router's part; the
+        table counts everyone's but is a report (1 s) plus a publish old, older than a queue of
+        prefills takes to move. With the requests spread evenly over N routers that run this same
+        pick, every router sees the same mix and makes the same kind of choices (the same prefix
+        homes above all), so the pool's load on a replica is about N times this router's. KV,
+        which moves slowly, takes the larger of that and the table's figure. Others' sequences
+        there count as ours times (scale - 1), as close to their targets (per_key = scale)."""
+        cands = self._candidates(snapshot)
+        if not cands.rows:
             return []
         slo = snapshot.slo or self.slo
         blocks = self._blocks(request)
-        rates = self._rates(snapshot)
         out = self._output(request)
         remaining = max(1.0, self._mean_output / 2)
-        share = self._own_share(cands)
+        share = self._own_share(cands.table)
         self._share, self._tpot_slo_s = share, slo.tpot_s
-        return [predict(e.replica_id, self._load(e, share), rates[e.replica_id], request.prompt_tokens,
-                        self._index.cached_tokens(e.replica_id, blocks), out, remaining, slo.ttft_s, slo.tpot_s)
-                for e in cands]
+        cached = self._index.cached_tokens_all(blocks)
+        scale = 1.0 / share
+        own_of = self._own.get
+        loads = []
+        for rid, rates, cap, reported in cands.rows:
+            own = own_of(rid) or _IDLE
+            kv = own.kv * scale
+            kv_used = reported if reported is not None and reported > kv else kv   # max(kv, reported)
+            loads.append((rid, own.queued * scale, own.decoding * scale, kv_used, cap, own.stall_keys, own.stalled_s,
+                          scale, rates, cached.get(rid, 0)))
+        return predict_rows(loads, request.prompt_tokens, out, remaining, slo.ttft_s, slo.tpot_s)
+
+    def predictions(self, snapshot: PoolSnapshot, request: RequestFeatures) -> list[Prediction]:
+        """One per candidate, in replica-id order: what `pick` decides on."""
+        return [Prediction(*row) for row in self._rows(snapshot, request)]
 
     # ------------------------------------------------------------------ decision
 
     def pick(self, snapshot: PoolSnapshot, request: RequestFeatures, rng: random.Random) -> Pick | None:
-        preds = self.predictions(snapshot, request)
+        preds = self._rows(snapshot, request)   # Prediction's fields, by position (predict.CACHED...)
         if not preds:
             return None
-        by_id = {e.replica_id: e for e in snapshot.entries}
+        by_id = self._cands.by_id
         if len(preds) == 1:
-            return make_pick(by_id[preds[0].replica_id], "only_candidate", preds[0].cost, 1)
+            return make_pick(by_id[preds[0][0]], "only_candidate", preds[0][COST], 1)
         slo = snapshot.slo or self.slo
-        ttft_ok = [p for p in preds if p.ttft_s <= slo.ttft_s]
-        fit = [p for p in ttft_ok if p.tpot_s <= slo.tpot_s and p.kv_wait_s <= 0]
+        ttft_slo, tpot_slo = slo.ttft_s, slo.tpot_s
+        ttft_ok = [p for p in preds if p[TTFT] <= ttft_slo]
+        fit = [p for p in ttft_ok if p[TPOT] <= tpot_slo and p[KV_WAIT] <= 0]
         if not fit:
-            fit = [p for p in ttft_ok if p.tpot_s <= slo.tpot_s]
+            fit = [p for p in ttft_ok if p[TPOT] <= tpot_slo]
         reason = "slo_fit"
         if not fit:
             # The request's own first token first; then its decoders' TPOT; then the least bad.
             fit, reason = ttft_ok, "no_tpot_fit"
         if not fit:
-            fit, reason = [p for p in preds if p.tpot_s <= slo.tpot_s], "no_ttft_fit"
+            fit, reason = [p for p in preds if p[TPOT] <= tpot_slo], "no_ttft_fit"
         if not fit:
             fit, reason = preds, "no_fit"
-        best = min(p.cost for p in fit)
+        best = min(p[COST] for p in fit)
         blocks = self._blocks(request)
         if blocks.home_key is not None:
-            band = [p for p in fit if p.cost <= self.band_c * best]
-            key = blocks.home_key
-            chosen = min(band, key=lambda p: (-p.cached_tokens, -self._index.rank(p.replica_id, key), p.cost))
+            limit = self.band_c * best
+            band = [p for p in fit if p[COST] <= limit]
+            # min over (-cached, -rank, cost): only those with the most cached tokens can win, so
+            # the others' ranks are not computed (min keeps the first of equals either way).
+            most = max(p[CACHED] for p in band)
+            band = [p for p in band if p[CACHED] == most]
+            key, rank = blocks.home_key, self._index.rank
+            chosen = band[0] if len(band) == 1 else min(band, key=lambda p: (-rank(p[0], key), p[COST]))
         else:
-            ties = [p for p in fit if p.cost <= best + COST_RESOLUTION]
+            ties = [p for p in fit if p[COST] <= best + COST_RESOLUTION]
             chosen = ties[rng.randrange(len(ties))] if len(ties) > 1 else ties[0]
-        return make_pick(by_id[chosen.replica_id], reason, chosen.cost, len(preds))
+        return make_pick(by_id[chosen[0]], reason, chosen[COST], len(preds))
 
     # ------------------------------------------------------------------ router-local state (hooks)
 
