@@ -120,15 +120,17 @@ def prefix_block_hashes(text: str, max_blocks: int | None = None) -> tuple[int, 
     if max_blocks is not None:
         n = min(n, max_blocks)
     # The router runs this on every request (64 blocks for a 4k-token prompt): the blocks are
-    # memoryview slices (no copies) and the methods are bound once, outside the loop.
+    # memoryview slices (no copies), the methods are bound once, outside the loop, and digest()
+    # is taken on the running hash itself (hashlib's digest() leaves the object as it was, so
+    # updating it afterwards hashes the longer prefix: no copy per block).
     out: list[int] = []
     append, from_bytes = out.append, int.from_bytes
     h = hashlib.blake2b(digest_size=8)
-    update, copy = h.update, h.copy
+    update, digest = h.update, h.digest
     view = memoryview(data)
     for start in range(0, n * PREFIX_BLOCK_BYTES, PREFIX_BLOCK_BYTES):
         update(view[start:start + PREFIX_BLOCK_BYTES])
-        append(from_bytes(copy().digest(), "big") >> 1)
+        append(from_bytes(digest(), "big") >> 1)
     return tuple(out)
 
 
