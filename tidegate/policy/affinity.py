@@ -121,9 +121,9 @@ class PrefixIndex:
             bit = self._bit[replica_id] = 1 << len(self._bit)
             self._by_bit[bit] = replica_id
         idx.capacity_tokens = cap
-        evicted = idx.insert(blocks.keys, blocks.tokens_per_block)
+        added, evicted = idx.insert(blocks.keys, blocks.tokens_per_block)
         bit, holders = self._bit[replica_id], self._holders
-        for k in blocks.keys:
+        for k in added:   # (a key added and evicted at once is in both: it ends without the bit)
             holders[k] = holders.get(k, 0) | bit
         for k in evicted:
             rest = holders[k] & ~bit

@@ -49,17 +49,20 @@ class LruBlocks:
     def blocks(self) -> OrderedDict[int, float]:
         return self._blocks
 
-    def insert(self, keys: Sequence[int], tokens_per_block: float) -> list[int]:
-        """Add `keys` as the most recent; returns the keys evicted (for indexes kept alongside)."""
+    def insert(self, keys: Sequence[int], tokens_per_block: float) -> tuple[list[int], list[int]]:
+        """Add `keys` as the most recent; returns the keys it added (those not held yet) and the
+        keys it evicted, for indexes kept alongside."""
+        added = []
         for k in keys:
             if k in self._blocks:
                 self._blocks.move_to_end(k)
             else:
                 self._blocks[k] = tokens_per_block
                 self.size_tokens += tokens_per_block
+                added.append(k)
         evicted = []
         while self.size_tokens > self.capacity_tokens and self._blocks:
             k, t = self._blocks.popitem(last=False)
             self.size_tokens -= t
             evicted.append(k)
-        return evicted
+        return added, evicted
