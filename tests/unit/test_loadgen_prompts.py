@@ -42,3 +42,15 @@ def test_prompts_share_exactly_the_trace_blocks(name: str, a: tuple, b: tuple, s
             break
         common += 1
     assert common == shared
+
+
+@pytest.mark.parametrize("n", [0, 5, 1234])
+def test_a_salt_never_reads_as_a_trace_hash(n: int) -> None:
+    """A replay salts request n's own text with n, while trace hash ids are small integers too
+    (Mooncake's count from 0): request n's unique suffix must not match the block of hash n."""
+    own = prefix_block_hashes(make_prompt(2 * B, n, ()))
+    other = prefix_block_hashes(make_prompt(2 * B, n + 1, (n,)))
+    assert own[0] != other[0]
+    after = prefix_block_hashes(make_prompt(3 * B, n, (7,)))       # the suffix after a shared block
+    other = prefix_block_hashes(make_prompt(3 * B, n + 1, (7, n)))
+    assert after[B // PREFIX_BLOCK_TOKENS] != other[B // PREFIX_BLOCK_TOKENS]

@@ -27,6 +27,9 @@ _WORD = "tok "
 # Tokens per prefix hash in traces that carry them (Mooncake's hash_ids stand for 512-token blocks).
 TRACE_HASH_BLOCK_TOKENS = 512
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
+# Starts a salt's mark: no hash mark starts so (its letters are outside _ALPHABET), so request n's
+# own text never reads as the block of trace hash n (Mooncake's hash ids count from 0, like salts).
+_SALT_WORD = "SLT "
 
 
 def _word(n: int) -> str:
@@ -45,7 +48,8 @@ def make_prompt(tokens: int, salt: int | None = None, prefix_hashes: tuple[int, 
     Without `salt` every prompt is the same filler, so every prompt shares its prefix with every
     other one and prefix caches hit on everything. A replay passes a salt per request so that only
     what the trace says is shared is shared: each of the trace's prefix hashes becomes a
-    512-token block that starts with words naming the hash, and the rest starts with the salt."""
+    512-token block that starts with words naming the hash, and the rest starts with words naming
+    the salt (marked as one, so that it never reads as a hash)."""
     tokens = max(1, tokens)
     if salt is None:
         return _WORD * tokens
@@ -56,7 +60,7 @@ def make_prompt(tokens: int, salt: int | None = None, prefix_hashes: tuple[int, 
         words += _mark(h) + [_WORD] * (TRACE_HASH_BLOCK_TOKENS - 2)
     words = words[:tokens]
     if len(words) < tokens:
-        words += _mark(salt)
+        words += [_SALT_WORD, *_mark(salt)]
     return "".join(words[:tokens]) + _WORD * (tokens - len(words))
 
 
