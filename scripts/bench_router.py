@@ -299,8 +299,8 @@ class Bench:
         self.wrk = shutil.which("wrk")
 
     def spawn(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=open(self.tmp / log, "wb"),  # noqa: SIM115
-                                start_new_session=True)
+        with open(self.tmp / log, "wb") as err:  # the child keeps its own descriptor
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         self.procs.append(proc)
         return proc
 
@@ -312,6 +312,9 @@ class Bench:
                     p.wait(10)
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
 
     def start_upstream(self) -> str:
         a = self.args
@@ -379,12 +382,12 @@ class Bench:
         result: dict[str, Any] = {"loadavg_start": _loadavg(), "cores": os.cpu_count(), "config": {
             k: v for k, v in vars(a).items() if k not in ("cmd", "func")}, "client": "wrk" if self.wrk else "python"}
         with EmbeddedEtcd(log_path=self.tmp / "etcd.log") as etcd:
-            upstream = self.start_upstream()
-            asyncio.run(_put_table(etcd.endpoint, upstream, a.replicas))
-            urls = {"router": self.start_router(etcd.endpoint, a.router_cmd)}
-            if a.baseline_cmd:
-                urls["baseline"] = self.start_router(etcd.endpoint, a.baseline_cmd, "baseline.log")
-            try:
+            try:  # from the first start: a failed one must not leave the others running
+                upstream = self.start_upstream()
+                asyncio.run(_put_table(etcd.endpoint, upstream, a.replicas))
+                urls = {"router": self.start_router(etcd.endpoint, a.router_cmd)}
+                if a.baseline_cmd:
+                    urls["baseline"] = self.start_router(etcd.endpoint, a.baseline_cmd, "baseline.log")
                 for url, _ in urls.values():  # warm-up: connection pools, code paths, the policy's state
                     self.closed_loop(url, a.connections, 2, stream=False)
                 phases = set(a.phases.split(","))
