@@ -20,11 +20,11 @@
    live engines' prefix caches hit on the text they receive.
 4. Runs `tidegate simulate` on the same workload and fleet with `--hop-ms` set to the measured
    floor and the live replicas' ids (prefix affinity's rendezvous homes hash them), and prints
-   TTFT and TPOT P50/P95/P99 side by side. The virtual run's prefix hashes are
-   the block ids the live engines compute from those very texts (a generic trace, 16 tokens per
-   id), so its engines hit the same blocks. The prefix hit rate is printed for both: live from the
-   engines' vllm:prefix_cache_queries/hits counters over the replay, virtual from the results'
-   prefix_hit_rate.
+   TTFT and TPOT P50/P95/P99 side by side. The virtual run's prefix hashes are the block ids
+   the live engines compute from those very texts (a generic trace, 64 tokens per id:
+   tidegate.tokens.PREFIX_BLOCK_TOKENS), so its engines hit the same blocks. The prefix hit
+   rate is printed for both: live from the engines' vllm:prefix_cache_queries/hits counters
+   over the replay, virtual from the results' prefix_hit_rate.
 Exit status 1 when any of them differs by more than --tolerance (default 15 %) or a live
 request failed.
 """
