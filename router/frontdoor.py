@@ -40,7 +40,7 @@ import resource
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -73,6 +73,7 @@ EVICT_SCAN = 64
 EVICT_MIN_IDLE_S = 0.5
 
 C = TypeVar("C", bound=Hashable)
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True)
@@ -331,8 +332,8 @@ class GuardedRequestHandler(web_protocol.RequestHandler):
 class _GuardedServer(web.Server):
     """aiohttp's low-level server, making guarded protocols (or refusals) per connection."""
 
-    def __init__(self, base: web.Server, door: FrontDoor) -> None:
-        super().__init__(base.request_handler, request_factory=base.request_factory,
+    def __init__(self, base: web.Server, door: FrontDoor, handler: Handler | None = None) -> None:
+        super().__init__(handler or base.request_handler, request_factory=base.request_factory,
                          handler_cancellation=base.handler_cancellation, loop=asyncio.get_running_loop(),
                          **base._kwargs)
         self._door = door
@@ -353,14 +354,18 @@ class _GuardedServer(web.Server):
 
 
 class GuardedAppRunner(web.AppRunner):
-    """An AppRunner whose server is guarded by `door` (keep-alive timeout from its limits)."""
+    """An AppRunner whose server is guarded by `door` (keep-alive timeout from its limits).
+    `handler`: the server's request handler instead of the application's own (it gets the
+    application's requests, e.g. router.app.dispatcher)."""
 
-    def __init__(self, app: web.Application, door: FrontDoor, **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, door: FrontDoor, handler: Handler | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(app, keepalive_timeout=door.limits.keepalive_timeout_s, **kwargs)
         self._door = door
+        self._handler = handler
 
     async def _make_server(self) -> web.Server:
-        return _GuardedServer(await super()._make_server(), self._door)
+        return _GuardedServer(await super()._make_server(), self._door, self._handler)
 
 
 class RateLimitFilter(logging.Filter):

@@ -28,7 +28,7 @@ from tidegate.policy.registry import SloTargets
 from tidegate.router import credentials, prompt_tokens
 from tidegate.router.admission import AdmissionMetrics, Gate
 from tidegate.router.admission_budgets import AdmissionBudgets
-from tidegate.router.app import MIB, build_app, make_session
+from tidegate.router.app import MIB, build_app, dispatcher, make_session
 from tidegate.router.budget import RetryBudget
 from tidegate.router.frontdoor import (
     ACCEPT_BATCH,
@@ -248,8 +248,8 @@ async def serve(cfg: RouterConfig,
                                      max_client_connections=max_clients),
                      on_event=lambda kind: metrics.client_connection_events.labels(kind).inc())
     metrics.client_connections.set_function(lambda: len(door.table))
-    runner = GuardedAppRunner(app, door, handler_cancellation=True, shutdown_timeout=cfg.shutdown_grace_s,
-                              access_log=None)
+    runner = GuardedAppRunner(app, door, dispatcher(app), handler_cancellation=True,
+                              shutdown_timeout=cfg.shutdown_grace_s, access_log=None)
     await runner.setup()
     sock = listen_socket(cfg.host, cfg.port)
     site = web.SockSite(runner, sock, backlog=ACCEPT_BATCH)
