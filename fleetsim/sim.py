@@ -87,7 +87,7 @@ from tidegate.simulator.profiles import Profile
 from tidegate.store.api import KeyValue
 from tidegate.v1 import records_pb2
 
-_DELIVER, _SCRAPE, _REPORT, _TICK, _WAKE, _BUDGET = 0, 1, 2, 3, 4, 5
+_DELIVER, _SCRAPE, _REPORT, _TICK, _WAKE, _BUDGET, _PEER_PUBLISH, _PEER_DELIVER = 0, 1, 2, 3, 4, 5, 6, 7
 ROUTER_SPREADS = ("rr", "hash")
 CLIENT_ERROR = "client_error"
 
@@ -114,6 +114,10 @@ class SimConfig:
     scrape_interval_s: float | None = None
     routers: int = 1
     router_spread: str = "rr"           # rr | hash (see the module doc)
+    # With several routers, how often each publishes its own per-replica load to its peers (the
+    # live router's load record); it reaches them `propagation_s` later. None: routers share
+    # nothing, and policies scale their own load up to the pool's.
+    peer_interval_s: float | None = None
     # Requests carry no max_tokens (as from clients that set no cap): the replay's max_tokens is
     # otherwise the true output length, which no real client knows in advance.
     hide_max_tokens: bool = False
@@ -143,6 +147,8 @@ class SimConfig:
             raise ValueError("scrape_interval_s must be positive (or None)")
         if self.routers < 1:
             raise ValueError("routers must be >= 1")
+        if self.peer_interval_s is not None and not self.peer_interval_s > 0:
+            raise ValueError("peer_interval_s must be positive (or None)")
         if not self.wake_s > 0:
             raise ValueError("wake_s must be positive")
         if self.router_spread not in ROUTER_SPREADS:
@@ -327,6 +333,10 @@ class Simulation:
             if router.scrape_s is not None:
                 phase = router.scrape_s if k == 0 else phase_rng.uniform(0.0, router.scrape_s)
                 self._push(self.now + phase, _SCRAPE, k)
+        if self.cfg.peer_interval_s is not None and len(self.routers) > 1:
+            for k, router in enumerate(self.routers):
+                if callable(getattr(router.policy, "take_report", None)):
+                    self._push(self.now + phase_rng.uniform(0.0, self.cfg.peer_interval_s), _PEER_PUBLISH, k)
         self._published_key: tuple | None = None
         self._rr = 0
         self.inflight: dict[str, int] = {rid: 0 for rid in ids}   # all routers together
@@ -385,6 +395,10 @@ class Simulation:
                 self._wake(payload)  # type: ignore[arg-type]
             elif kind == _BUDGET:
                 self._deliver_budget(payload)  # type: ignore[arg-type]
+            elif kind == _PEER_PUBLISH:
+                self._peer_publish(payload)  # type: ignore[arg-type]
+            elif kind == _PEER_DELIVER:
+                self._peer_deliver(payload)  # type: ignore[arg-type]
             else:
                 self._tick()
         end = self.now
@@ -643,6 +657,20 @@ class Simulation:
         kv = KeyValue(keys.admission(rec.pool), codec.encode(rec), 0)
         for router in self.routers:
             router.budgets.apply(kv.key, kv)  # type: ignore[union-attr]
+
+    def _peer_publish(self, k: int) -> None:
+        """Router k's load record: what its hooks counted up to now (every engine advanced to now,
+        so first tokens and completions that happened are in it)."""
+        self._advance(self.now)
+        report = self.routers[k].policy.take_report()  # type: ignore[attr-defined]
+        self._push(self.now + self.cfg.propagation_s, _PEER_DELIVER, (k, report))
+        self._push(self.now + self.cfg.peer_interval_s, _PEER_PUBLISH, k)  # type: ignore[operator]
+
+    def _peer_deliver(self, payload: tuple[int, dict]) -> None:
+        k, report = payload
+        for j, router in enumerate(self.routers):
+            if j != k:
+                router.policy.on_peer_load(f"router-{k}", report)  # type: ignore[attr-defined]
 
     def _deliver(self, payload: tuple[float, tuple[RouteInfo, ...]]) -> None:
         computed, entries = payload

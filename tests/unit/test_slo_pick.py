@@ -457,13 +457,15 @@ def test_output_length_is_learned_from_finished_requests(max_tokens, observed, w
 
 
 def test_output_hook_counts_outputs_past_the_cap_as_the_cap():
-    policy = TidegatePolicy()
     probe = req(prompt=1000, out=30_000)
-    before = _kv_wait(policy, probe)
-    for i in range(100):
-        done = req(prompt=1000, out=30_000, rid=f"r{i}")
-        policy.on_output(done, "a", 90_000)  # more than the cap: counts as the whole cap, no more
-    assert _kv_wait(policy, probe) == pytest.approx(before)
+    waits = {}
+    for reported in (90_000, 30_000, 3_000):  # 90k: more than the cap, counts as the whole cap, no more
+        policy = TidegatePolicy()
+        for i in range(100):
+            policy.on_output(req(prompt=1000, out=30_000, rid=f"r{i}"), "a", reported)
+        waits[reported] = _kv_wait(policy, probe)
+    assert waits[90_000] == pytest.approx(waits[30_000])
+    assert waits[3_000] != pytest.approx(waits[30_000])
 
 
 @pytest.mark.parametrize(

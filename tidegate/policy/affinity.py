@@ -111,9 +111,15 @@ class PrefixIndex:
             n += len(list(run))
         return out
 
-    def learn(self, replica_id: str, blocks: PrefixBlocks, capacity_tokens: float) -> None:
-        if not blocks.keys:
-            return
+    def learn(self, replica_id: str, blocks: PrefixBlocks, capacity_tokens: float) -> list[int]:
+        """The request's blocks are now cached on the replica; returns the keys new there."""
+        return self.learn_keys(replica_id, blocks.keys, blocks.tokens_per_block, capacity_tokens)
+
+    def learn_keys(self, replica_id: str, keys: Sequence[int], tokens_per_block: float,
+                   capacity_tokens: float) -> list[int]:
+        """`learn` from the keys themselves (a peer router's report); returns the keys new there."""
+        if not keys:
+            return []
         idx = self._lru.get(replica_id)
         cap = capacity_tokens if capacity_tokens > 0 else DEFAULT_CAPACITY_TOKENS
         if idx is None:
@@ -121,7 +127,7 @@ class PrefixIndex:
             bit = self._bit[replica_id] = 1 << len(self._bit)
             self._by_bit[bit] = replica_id
         idx.capacity_tokens = cap
-        added, evicted = idx.insert(blocks.keys, blocks.tokens_per_block)
+        added, evicted = idx.insert(keys, tokens_per_block)
         bit, holders = self._bit[replica_id], self._holders
         for k in added:   # (a key added and evicted at once is in both: it ends without the bit)
             holders[k] = holders.get(k, 0) | bit
@@ -131,6 +137,7 @@ class PrefixIndex:
                 holders[k] = rest
             else:
                 del holders[k]
+        return added
 
     def rank(self, replica_id: str, home_key: int) -> int:
         """Rendezvous score of `replica_id` for `home_key`: higher = more at home."""

@@ -28,9 +28,19 @@ from __future__ import annotations
 
 import bisect
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tidegate.policy.affinity import PrefixBlocks, PrefixIndex
+from tidegate.policy.peer_load import (
+    NO_PEER_LOAD,
+    LearnedBlocks,
+    PeerReport,
+    PeerSum,
+    ReplicaLoadReport,
+    placed_since,
+    sum_peers,
+)
 from tidegate.policy.pick import Pick
 from tidegate.policy.predict import (
     CACHED,
@@ -60,6 +70,10 @@ DEFAULT_OUTPUT_TOKENS = 256
 EWMA_ALPHA = 1.0 / 64
 # Smallest share of the pool's requests a router assumes it carries (at most 64 routers' worth).
 MIN_SHARE = 1.0 / 64
+# Newly placed prefix blocks one report carries per replica at most (a report every 100 ms of a
+# router placing 60k-token prompts at 50/s is ~47k blocks of 64 tokens; past this, peers miss some
+# and their affinity is a little weaker, never wrong).
+MAX_LEARNED_KEYS = 65_536
 
 
 @dataclass(slots=True)
@@ -114,8 +128,8 @@ class TidegatePolicy:
         self._flights: dict[tuple[object, str], _Flight] = {}
         self._seen = 0
         self._mean_prefill = 0.0
-        # Mean output length: from max_tokens (scaled by _cap_use) at dispatch, and from finished
-        # requests that had no max_tokens (on_output).
+        # Mean output length, learned from finished requests only (on_output): what a request
+        # expects (its max_tokens) is not what it writes.
         self._mean_output = float(DEFAULT_OUTPUT_TOKENS)
         # Observed output / max_tokens: clients set max_tokens as a cap, often far above the answer.
         self._cap_use = 1.0
@@ -125,6 +139,13 @@ class TidegatePolicy:
         self._last: tuple[RequestFeatures, PrefixBlocks] | None = None
         self._table: tuple[tuple[RouteInfo, ...], dict[str, Rates]] | None = None
         self._cands: _Candidates | None = None
+        # Prefill seconds this router has placed per replica (monotonic; its load report carries
+        # it), and its peers' last reports with their sum per replica (peer_load.py).
+        self._placed: dict[str, float] = {}
+        self._peers: dict[str, Mapping[str, ReplicaLoadReport]] = {}
+        self._peer_sum: dict[str, PeerSum] = {}
+        # Blocks this router's index newly holds since its last report, per replica (for peers).
+        self._learned: dict[str, tuple[list[int], float]] = {}
 
     # ------------------------------------------------------------------ prediction
 
@@ -207,15 +228,29 @@ class TidegatePolicy:
         share = self._own_share(cands.table)
         self._share, self._tpot_slo_s = share, slo.tpot_s
         cached = self._index.cached_tokens_all(blocks)
-        scale = 1.0 / share
         own_of = self._own.get
         loads = []
-        for rid, rates, cap, reported in cands.rows:
-            own = own_of(rid) or _IDLE
-            kv = own.kv * scale
-            kv_used = reported if reported is not None and reported > kv else kv   # max(kv, reported)
-            loads.append((rid, own.queued * scale, own.decoding * scale, kv_used, cap, own.stall_keys, own.stalled_s,
-                          scale, rates, cached.get(rid, 0)))
+        if self._peers:
+            # Peers report their own load: ours (exact, fresh) plus theirs (a report old). Our
+            # stall keys stand for the sequences of every router there (per_key).
+            peer_of = self._peer_sum.get
+            for rid, rates, cap, reported in cands.rows:
+                own = own_of(rid) or _IDLE
+                peer = peer_of(rid, NO_PEER_LOAD)
+                kv = own.kv + peer.kv
+                kv_used = reported if reported is not None and reported > kv else kv   # max(kv, reported)
+                mine = own.waiting + own.decoding
+                per_key = (mine + peer.sequences) / mine if mine else 1.0
+                loads.append((rid, own.queued + peer.queued_prefill, own.decoding + peer.decoding, kv_used, cap,
+                              own.stall_keys, own.stalled_s, per_key, rates, cached.get(rid, 0)))
+        else:
+            scale = 1.0 / share
+            for rid, rates, cap, reported in cands.rows:
+                own = own_of(rid) or _IDLE
+                kv = own.kv * scale
+                kv_used = reported if reported is not None and reported > kv else kv   # max(kv, reported)
+                loads.append((rid, own.queued * scale, own.decoding * scale, kv_used, cap, own.stall_keys,
+                               own.stalled_s, scale, rates, cached.get(rid, 0)))
         return predict_rows(loads, request.prompt_tokens, out, remaining, slo.ttft_s, slo.tpot_s)
 
     def predictions(self, snapshot: PoolSnapshot, request: RequestFeatures) -> list[Prediction]:
@@ -275,8 +310,6 @@ class TidegatePolicy:
         prefill = float(max(1, request.prompt_tokens - cached))
         out = self._output(request)
         kv = float(request.prompt_tokens) + out
-        if request.max_tokens:  # its expected output, known now; others teach it when they finish
-            self._mean_output += EWMA_ALPHA * (out - self._mean_output)
         self._seen += 1
         if self._seen == 1:
             self._mean_prefill = prefill
@@ -286,17 +319,64 @@ class TidegatePolicy:
         own.queued += prefill
         own.waiting += 1
         own.kv += kv
-        # Its prefill stalls everyone there (with N routers, the others' prefills too: scaled).
-        scale = 1.0 / self._share
         rates = self._table[1].get(replica_id, DEFAULT_RATES) if self._table is not None else DEFAULT_RATES
-        own.stalled_s += prefill / rates.prefill_tps * scale
+        placed = prefill / rates.prefill_tps
+        self._placed[replica_id] = self._placed.get(replica_id, 0.0) + placed
+        # Its prefill stalls everyone there. With peers' reports, their prefills are added when
+        # reported (on_peer_load); without, they are assumed to be ours scaled to the pool's.
+        if self._peers:
+            peer = self._peer_sum.get(replica_id, NO_PEER_LOAD)
+            own.stalled_s += placed
+            decoding = own.decoding + peer.decoding
+        else:
+            scale = 1.0 / self._share
+            own.stalled_s += placed * scale
+            decoding = own.decoding * scale
         # What it can absorb from prefills placed after it before its TPOT misses the target.
-        slack = self._tpot_slo_s - rates.step_s(own.decoding * scale + 1)
+        slack = self._tpot_slo_s - rates.step_s(decoding + 1)
         key = own.stalled_s + max(0.0, slack) * max(0.0, out - 1.0)
         bisect.insort(own.stall_keys, key)
         self._flights[self._key(request, replica_id)] = _Flight(replica_id, prefill, kv, key)
         # Bounded by the replica's KV capacity, as its prefix cache is.
-        self._index.learn(replica_id, blocks, self._capacity.get(replica_id, 0.0))
+        added = self._index.learn(replica_id, blocks, self._capacity.get(replica_id, 0.0))
+        if added:
+            pending = self._learned.get(replica_id)
+            if pending is None or pending[1] != blocks.tokens_per_block:
+                pending = self._learned[replica_id] = ([], blocks.tokens_per_block)
+            if len(pending[0]) < MAX_LEARNED_KEYS:
+                pending[0].extend(added)
+
+    # ------------------------------------------------------------------ peers (peer_load.py)
+
+    def take_report(self) -> PeerReport:
+        """This router's own load per replica and the prefix blocks it placed since the last
+        report, for its peers (on_peer_load). Taking it empties the learned blocks: a report is a
+        delta for them (peers' watches see every report in order)."""
+        loads = {}
+        for rid, placed in self._placed.items():
+            own = self._own.get(rid, _IDLE)
+            loads[rid] = ReplicaLoadReport(max(0.0, own.queued), own.waiting, own.decoding, max(0.0, own.kv), placed)
+        learned = tuple(LearnedBlocks(rid, tuple(keys), tpb) for rid, (keys, tpb) in self._learned.items())
+        self._learned = {}
+        return PeerReport(loads, learned)
+
+    def on_peer_load(self, router_id: str, report: PeerReport) -> None:
+        """A peer's latest report: from now on its load is added to ours, the prefill it placed
+        since its previous report stalls our sequences there, and the blocks it placed are in
+        our index (they are in the replica's cache whoever sent them)."""
+        for rid, placed in placed_since(self._peers.get(router_id), report.loads).items():
+            own = self._own.get(rid)
+            if own is not None:
+                own.stalled_s += placed
+        self._peers[router_id] = dict(report.loads)
+        self._peer_sum = sum_peers(self._peers.values())
+        for b in report.learned:
+            self._index.learn_keys(b.replica_id, b.keys, b.tokens_per_block, self._capacity.get(b.replica_id, 0.0))
+
+    def forget_peer(self, router_id: str) -> None:
+        """A peer is gone (its presence expired): its load no longer counts."""
+        if self._peers.pop(router_id, None) is not None:
+            self._peer_sum = sum_peers(self._peers.values())
 
     def on_first_token(self, request: RequestFeatures, replica_id: str) -> None:
         f = self._flights.get(self._key(request, replica_id))
@@ -312,11 +392,10 @@ class TidegatePolicy:
         """Learn how long outputs really are: their mean and the share of max_tokens they use."""
         del replica_id
         n = float(max(1, output_tokens))
-        if request.max_tokens:
-            used = min(1.0, n / float(request.max_tokens))
-            self._cap_use += EWMA_ALPHA * (used - self._cap_use)
-        else:
-            self._mean_output += EWMA_ALPHA * (n - self._mean_output)
+        if request.max_tokens:  # an engine writes at most the cap: a report of more counts as the cap
+            n = min(n, float(request.max_tokens))
+            self._cap_use += EWMA_ALPHA * (n / float(request.max_tokens) - self._cap_use)
+        self._mean_output += EWMA_ALPHA * (n - self._mean_output)
 
     def on_complete(self, request: RequestFeatures, replica_id: str) -> None:
         f = self._flights.pop(self._key(request, replica_id), None)

@@ -1,0 +1,152 @@
+"""Routers' load reports to their peers (tidegate/policy/peer_load.py) and how the `tidegate`
+pick uses them: pure logic, no processes."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from tidegate.policy.peer_load import LearnedBlocks, PeerReport, PeerSum, ReplicaLoadReport, placed_since, sum_peers
+from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo
+from tidegate.policy.slo_pick import TidegatePolicy
+
+CAP = 400_000
+FAST = dict(prefill_tokens_per_s=45_000.0, decode_step_base_ms=8.0, decode_step_per_seq_ms=0.15)
+
+
+def e(rid: str, *, waiting: int = 0, cap: int = CAP) -> RouteInfo:
+    return RouteInfo(replica_id=rid, weight=50.0, waiting=waiting, kv_free_tokens=cap, kv_capacity_tokens=cap,
+                     endpoint=f"http://{rid}", **FAST)
+
+
+def req(prompt: int = 500, out: int | None = 100, rid: str = "") -> RequestFeatures:
+    return RequestFeatures(prompt_tokens=prompt, max_tokens=out, req_id=rid)
+
+
+def R(queued=0.0, waiting=0, decoding=0, kv=0.0, placed=0.0) -> ReplicaLoadReport:  # noqa: N802
+    return ReplicaLoadReport(queued, waiting, decoding, kv, placed)
+
+
+# ---------------------------------------------------------------------------- the record
+
+
+@pytest.mark.parametrize("bad", [dict(queued_prefill=-1.0), dict(kv=math.nan), dict(placed_s=math.inf),
+                                 dict(waiting=-1), dict(decoding=-2)],
+                         ids=["negative-queue", "nan-kv", "inf-placed", "negative-waiting", "negative-decoding"])
+def test_a_report_with_garbage_is_refused(bad):
+    with pytest.raises(ValueError):
+        ReplicaLoadReport(**bad)
+
+
+def test_peers_sum_per_replica():
+    got = sum_peers([{"a": R(100.0, 1, 2, 900.0)}, {"a": R(50.0, 0, 1, 100.0), "b": R(10.0, 1, 0, 5.0)}])
+    assert got == {"a": PeerSum(150.0, 4, 3, 1000.0), "b": PeerSum(10.0, 1, 0, 5.0)}
+    assert sum_peers([]) == {}
+
+
+@pytest.mark.parametrize(("old", "new", "want"), [
+    (None, {"a": R(placed=5.0)}, {}),                                   # first report: nothing known to overlap
+    ({"a": R(placed=1.0)}, {"a": R(placed=1.5)}, {"a": 0.5}),
+    ({"a": R(placed=1.0)}, {"a": R(placed=1.0)}, {}),                   # nothing new
+    ({"a": R(placed=3.0)}, {"a": R(placed=1.0)}, {}),                   # the peer restarted
+    ({"a": R(placed=1.0)}, {"a": R(placed=2.0), "b": R(placed=9.0)}, {"a": 1.0}),   # b: new in the report
+], ids=["first", "grew", "same", "went-back", "new-replica"])
+def test_prefill_placed_between_two_reports(old, new, want):
+    got = placed_since(old, new)
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v)
+
+
+# ---------------------------------------------------------------------------- the pick with peers
+
+
+def test_a_peers_queued_prefill_counts_on_its_replica():
+    pol = TidegatePolicy()
+    snap = PoolSnapshot((e("a"), e("b")))
+    alone = {p.replica_id: p.ttft_s for p in pol.predictions(snap, req(1000, rid="n"))}
+    assert alone["a"] == pytest.approx(alone["b"])
+    pol.on_peer_load("router-1", PeerReport({"a": R(queued=30_000.0, waiting=3, kv=33_000.0, placed=0.7)}))
+    got = {p.replica_id: p.ttft_s for p in pol.predictions(snap, req(1000, rid="n"))}
+    assert got["a"] - got["b"] == pytest.approx(30_000 / FAST["prefill_tokens_per_s"], rel=0.1)
+    assert pol.pick(snap, req(1000, rid="n"), random.Random(0)).replica_id == "b"
+    pol.forget_peer("router-1")
+    back = {p.replica_id: p.ttft_s for p in pol.predictions(snap, req(1000, rid="n"))}
+    assert back == pytest.approx(alone)
+
+
+def test_with_peers_own_load_is_not_scaled_by_the_share():
+    pol = TidegatePolicy()
+    pol.on_dispatch(req(10_000, rid="mine"), "a")
+    # The table says 4 in flight (our share 1/4): without peers' reports ours counts 4 times.
+    snap = PoolSnapshot((e("a", waiting=4, cap=0), e("b", cap=0)))
+    rate = FAST["prefill_tokens_per_s"]
+    scaled = {p.replica_id: p.ttft_s for p in pol.predictions(snap, req(1000, rid="n"))}
+    assert scaled["a"] - scaled["b"] == pytest.approx(4 * 10_000 / rate, rel=0.1)
+    pol.on_peer_load("router-1", PeerReport({"b": R(queued=2_000.0, waiting=1, placed=0.1)}))
+    got = {p.replica_id: p.ttft_s for p in pol.predictions(snap, req(1000, rid="n"))}
+    assert got["a"] - got["b"] == pytest.approx((10_000 - 2_000) / rate, rel=0.1)
+
+
+def test_a_report_fed_to_a_router_without_load_gives_it_the_senders_view():
+    sender, receiver = TidegatePolicy(), TidegatePolicy()
+    snap = PoolSnapshot((e("a"), e("b"), e("c")))
+    for i, (prompt, rid, started) in enumerate([(20_000, "a", False), (3_000, "b", True), (8_000, "b", False),
+                                                (500, "c", True)]):
+        r = req(prompt, out=300, rid=f"r{i}")
+        sender.on_dispatch(r, rid)
+        if started:
+            sender.on_first_token(r, rid)
+    sender.on_peer_load("router-x", PeerReport({}))          # both count loads the same way: exactly, unscaled
+    receiver.on_peer_load("router-0", sender.take_report())
+    probe = req(2_000, rid="probe")
+    want = [(p.replica_id, p.ttft_s, p.tpot_s) for p in sender.predictions(snap, probe)]
+    got = [(p.replica_id, p.ttft_s, p.tpot_s) for p in receiver.predictions(snap, probe)]
+    assert [g[0] for g in got] == [w[0] for w in want]
+    assert [g[1:] for g in got] == [pytest.approx(w[1:]) for w in want]
+    assert len({round(w[1], 6) for w in want}) == 3                # the loads differ: the check means something
+
+
+def test_a_peers_prefill_uses_up_our_decoders_stall_budgets():
+    pol = TidegatePolicy()
+    snap = PoolSnapshot((e("a"),))
+    pol.on_peer_load("router-1", PeerReport({"a": R(placed=1.0)}))
+    for i in range(4):                                             # short answers decoding on a
+        r = req(200, out=4, rid=f"short{i}")
+        pol.on_dispatch(r, "a")
+        pol.on_first_token(r, "a")
+    before = pol.predictions(snap, req(20_000, rid="doc"))[0].pushed_out
+    assert before >= 4
+    pol.on_peer_load("router-1", PeerReport({"a": R(placed=2.0)}))   # a second of its prefill there since
+    after = pol.predictions(snap, req(20_000, rid="doc"))[0].pushed_out
+    assert after == 0                                              # they missed already: not this one's doing
+
+
+def test_blocks_a_peer_placed_count_as_cached_there_and_are_sent_once():
+    sender, receiver = TidegatePolicy(), TidegatePolicy()
+    snap = PoolSnapshot((e("a"), e("b"), e("c")))
+    doc = tuple(range(40))
+    first = RequestFeatures(prompt_tokens=2_560, max_tokens=50, prefix_hashes=doc, req_id="d0",
+                            prefix_block_tokens=64)
+    placed = sender.pick(snap, first, random.Random(0)).replica_id
+    sender.on_dispatch(first, placed)
+    follow = RequestFeatures(prompt_tokens=2_700, max_tokens=50, prefix_hashes=doc + (7,), req_id="d1",
+                             prefix_block_tokens=64)
+    before = {p.replica_id: p.cached_tokens for p in receiver.predictions(snap, follow)}
+    assert set(before.values()) == {0}
+    report = sender.take_report()
+    assert [b.replica_id for b in report.learned] == [placed]
+    receiver.on_peer_load("router-0", report)
+    after = {p.replica_id: p.cached_tokens for p in receiver.predictions(snap, follow)}
+    assert after[placed] == 40 * 64 and all(v == 0 for r, v in after.items() if r != placed)
+    sender.on_dispatch(RequestFeatures(prompt_tokens=2_560, max_tokens=50, prefix_hashes=doc, req_id="d2",
+                                       prefix_block_tokens=64), placed)
+    assert sender.take_report().learned == ()                     # nothing new there since
+
+
+@pytest.mark.parametrize("tpb", [0.0, -1.0, math.inf, math.nan], ids=["zero", "negative", "inf", "nan"])
+def test_learned_blocks_with_garbage_sizes_are_refused(tpb):
+    with pytest.raises(ValueError):
+        LearnedBlocks("a", (1, 2), tpb)

@@ -1,0 +1,105 @@
+"""Load and prefix blocks that other routers of a pool report, so each router's pick sees the
+pool's load and caches and not only its own share of them.
+
+A stateless router knows exactly what it sent and nothing of what its peers sent. Scaling its
+own figures up by its share of the pool (slo_pick's fallback) is right on average and wrong per
+replica: with N routers, each one's sample of a replica's load is 1/N of it, and N times a small
+sample is a noisy estimate (measured: 4 routers lost 19-37 % of one router's SLO capacity).
+Routers therefore publish their own per-replica load every few hundred milliseconds (live: under
+their leased presence; fleetsim: the same record on the virtual clock) and add their peers' last
+report to their own, exact, fresh figures. The same holds for the prefix index: a router learns
+where prefixes are cached from its own dispatches, so with requests spread round-robin over N
+routers each knows about 1/N of the pool's caches. Reports therefore also carry the prefix
+blocks the router newly placed on each replica since its previous report (a delta: a block
+already held there is not sent again), which peers add to their own index.
+
+Pure data and arithmetic: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoadReport:
+    """One router's requests on one replica, as it counts them."""
+
+    queued_prefill: float = 0.0   # predicted uncached prompt tokens without a first token yet
+    waiting: int = 0              # its requests there without a first token
+    decoding: int = 0             # its requests there that are decoding
+    kv: float = 0.0               # KV tokens its requests will hold (prompt + expected output)
+    # Prefill seconds it has placed there since it started (monotonic): what stalls every
+    # sequence decoding there, whoever sent it. Peers take the difference between two reports.
+    placed_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("queued_prefill", "kv", "placed_s"):
+            v = getattr(self, name)
+            if not (v >= 0.0 and v != float("inf")):
+                raise ValueError(f"{name} must be finite and >= 0, got {v!r}")
+        if self.waiting < 0 or self.decoding < 0:
+            raise ValueError("waiting and decoding must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSum:
+    """The peers' load on one replica, summed over the peers."""
+
+    queued_prefill: float = 0.0
+    sequences: int = 0            # waiting + decoding
+    decoding: int = 0
+    kv: float = 0.0
+
+
+NO_PEER_LOAD = PeerSum()
+
+
+def sum_peers(reports: Iterable[Mapping[str, ReplicaLoadReport]]) -> dict[str, PeerSum]:
+    """Per replica id, the sum of the given routers' reports."""
+    acc: dict[str, list[float]] = {}
+    for report in reports:
+        for rid, r in report.items():
+            a = acc.setdefault(rid, [0.0, 0, 0, 0.0])
+            a[0] += r.queued_prefill
+            a[1] += r.waiting + r.decoding
+            a[2] += r.decoding
+            a[3] += r.kv
+    return {rid: PeerSum(a[0], int(a[1]), int(a[2]), a[3]) for rid, a in acc.items()}
+
+
+def placed_since(old: Mapping[str, ReplicaLoadReport] | None,
+                 new: Mapping[str, ReplicaLoadReport]) -> dict[str, float]:
+    """Prefill seconds a peer placed on each replica between two of its reports. A replica new
+    in the report counts nothing (its earlier placements are not known to have overlapped ours);
+    a counter that went backwards (the peer restarted) counts nothing either."""
+    if old is None:
+        return {}
+    out = {}
+    for rid, r in new.items():
+        before = old.get(rid)
+        if before is not None and r.placed_s > before.placed_s:
+            out[rid] = r.placed_s - before.placed_s
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedBlocks:
+    """Prefix blocks a router placed on a replica that its index did not hold there before."""
+
+    replica_id: str
+    keys: tuple[int, ...]       # chained block keys (affinity.PrefixBlocks.keys), in prompt order
+    tokens_per_block: float
+
+    def __post_init__(self) -> None:
+        if not (self.tokens_per_block > 0.0 and self.tokens_per_block != float("inf")):
+            raise ValueError(f"tokens_per_block must be finite and > 0, got {self.tokens_per_block!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class PeerReport:
+    """What a router tells its peers: its load per replica, and the blocks learned since last time."""
+
+    loads: Mapping[str, ReplicaLoadReport]
+    learned: tuple[LearnedBlocks, ...] = ()
