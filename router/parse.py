@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tidegate.errors import RequestError
 from tidegate.policy.pick import RequestFeatures
 from tidegate.router.prompt_tokens import ESTIMATE, PromptCounter
-from tidegate.tokens import prefix_block_hashes, prefix_text
+from tidegate.tokens import prefix_block_hashes, prefix_bytes
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -35,9 +37,18 @@ class BadRequest(RequestError):
 MAX_PREFIX_BLOCKS = 256
 
 
-def prefix_hashes(text: str) -> tuple[int, ...]:
+def prefix_hashes(text: str | bytes) -> tuple[int, ...]:
     """Chained ids of the full PREFIX_BLOCK_BYTES blocks of `text`, bounded to MAX_PREFIX_BLOCKS."""
     return prefix_block_hashes(text, MAX_PREFIX_BLOCKS)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedBody:
+    """A request's JSON and, when counting its prompt already encoded it, the bytes its prefix
+    blocks are cut from (None: made from `payload` if a policy asks, request_prefix_hashes)."""
+
+    payload: dict[str, Any]
+    prefix: bytes | None = None
 
 
 def _check_tree(payload: Any, max_depth: int, check_text: bool) -> None:
@@ -81,7 +92,7 @@ def decode_json(body: bytes, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:
 
 
 def parse_request(path: str, body: bytes, max_depth: int = DEFAULT_MAX_JSON_DEPTH,
-                  counter: PromptCounter = ESTIMATE) -> tuple[dict[str, Any], RequestFeatures]:
+                  counter: PromptCounter = ESTIMATE) -> tuple[ParsedBody, RequestFeatures]:
     payload = decode_json(body, max_depth)
     if not isinstance(payload, dict):
         raise BadRequest("request body must be a JSON object")
@@ -95,7 +106,7 @@ def parse_request(path: str, body: bytes, max_depth: int = DEFAULT_MAX_JSON_DEPT
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise BadRequest("messages must be a non-empty list of message objects", param="messages")
         try:
-            prompt_tokens = counter.chat(messages)
+            prompt_tokens, prefix = counter.chat_and_prefix(messages)
         except TypeError as exc:
             raise BadRequest(str(exc), param="messages") from None
     else:
@@ -105,20 +116,25 @@ def parse_request(path: str, body: bytes, max_depth: int = DEFAULT_MAX_JSON_DEPT
         if not isinstance(prompt, str | list):
             raise BadRequest("prompt must be a string or a list", param="prompt")
         try:
-            prompt_tokens = counter.completion(prompt)
+            prompt_tokens, prefix = counter.completion_and_prefix(prompt)
         except TypeError as exc:
             raise BadRequest(str(exc), param="prompt") from None
     max_tokens = payload.get("max_completion_tokens", payload.get("max_tokens"))
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
         max_tokens = None
-    return payload, RequestFeatures(
+    return ParsedBody(payload, prefix), RequestFeatures(
         model=model, prompt_tokens=prompt_tokens, max_tokens=max_tokens, stream=payload.get("stream") is True,
     )
 
 
-def request_prefix_hashes(path: str, payload: dict[str, Any]) -> tuple[int, ...]:
-    """The prompt's prefix block ids; computed only for policies that read them (hot path)."""
-    return prefix_hashes(prefix_text(payload, path == CHAT_PATH))
+def request_prefix_hashes(path: str, body: ParsedBody | Mapping[str, Any]) -> tuple[int, ...]:
+    """The prompt's prefix block ids, from parse_request's body (or a bare JSON payload);
+    computed only for policies that read them (hot path)."""
+    if isinstance(body, ParsedBody):
+        data = body.prefix if body.prefix is not None else prefix_bytes(body.payload, path == CHAT_PATH)
+    else:
+        data = prefix_bytes(body, path == CHAT_PATH)
+    return prefix_hashes(data)
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidegate.config import ConfigError
-from tidegate.tokens import count_chat_tokens, count_completion_prompt_tokens
+from tidegate.tokens import chat_prompt, completion_prompt, count_chat_tokens, count_completion_prompt_tokens
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,20 @@ class PromptCounter:
         if self.prompt_tokens is None:
             return count_completion_prompt_tokens(prompt)
         return count_completion_prompt_tokens(prompt, self.prompt_tokens)
+
+    # With the estimate, the count encodes the prompt's text anyway: these also give the bytes
+    # its prefix blocks are cut from (tidegate.tokens.prefix_bytes), so the text is encoded once
+    # per request. None: a tokenizer counted, and the bytes are made only if a policy wants them.
+
+    def chat_and_prefix(self, messages: Sequence[Mapping[str, Any]]) -> tuple[int, bytes | None]:
+        if self.text_tokens is None:
+            return chat_prompt(messages)
+        return count_chat_tokens(messages, self.text_tokens), None
+
+    def completion_and_prefix(self, prompt: str | Sequence[int] | Sequence[str]) -> tuple[int, bytes | None]:
+        if self.prompt_tokens is None:
+            return completion_prompt(prompt)
+        return count_completion_prompt_tokens(prompt, self.prompt_tokens), None
 
 
 ESTIMATE = PromptCounter()

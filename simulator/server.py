@@ -355,7 +355,7 @@ class SimServer:
         req_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         try:
             # Hashed here, from the text received, so that caching happens over HTTP as in vLLM.
-            hashes = tokens.prefix_block_hashes(tokens.prefix_text(body, chat)) \
+            hashes = tokens.prefix_block_hashes(tokens.prefix_bytes(body, chat)) \
                 if self.engine.enable_prefix_caching else ()
             track = self.submit(req_id, prompt_tokens, max_tokens, hashes)
         except PromptTooLargeError as exc:

@@ -24,7 +24,7 @@ from tidegate.tokens import (
     count_prompt_tokens,
     engine_block_ids,
     prefix_block_hashes,
-    prefix_text,
+    prefix_bytes,
 )
 
 # (groups, shared prefix tokens, mean suffix tokens)
@@ -75,7 +75,7 @@ def test_virtual_hashes_are_the_live_engines_and_routers(tmp_path: Path, groups:
     for r, text, row in zip(trace, texts, rows, strict=True):
         body = {"model": "m", "prompt": text}
         # As `tidegate sim` hashes what it receives (simulator.server._generate, SimServer.submit).
-        live = engine_block_ids(prefix_block_hashes(prefix_text(body, False)), block_size)
+        live = engine_block_ids(prefix_block_hashes(prefix_bytes(body, False)), block_size)
         assert live == (tuple(row["prefix_hashes"]), PREFIX_BLOCK_TOKENS)   # generic traces' tokens per id
         assert request_prefix_hashes("/v1/completions", body) == live[0]
         assert len(live[0]) == r.prompt_tokens // PREFIX_BLOCK_TOKENS

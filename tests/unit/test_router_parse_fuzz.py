@@ -15,6 +15,7 @@ from tidegate.router.parse import (
     COMPLETIONS_PATH,
     DEFAULT_MAX_JSON_DEPTH,
     BadRequest,
+    ParsedBody,
     decode_json,
     parse_request,
     request_prefix_hashes,
@@ -47,7 +48,7 @@ def _check(path: str, body: bytes) -> None:
     except BadRequest as exc:
         assert isinstance(exc, RequestError) and str(exc)
         return
-    assert isinstance(payload, dict)
+    assert isinstance(payload, ParsedBody) and isinstance(payload.payload, dict)
     assert isinstance(features.model, str) and features.model
     assert isinstance(features.prompt_tokens, int) and features.prompt_tokens >= 1
     assert features.max_tokens is None or isinstance(features.max_tokens, int)
