@@ -506,7 +506,7 @@ class Simulation:
         elif d.action == adm.HOLD:
             self._held += 1
             if router.budgets is not None:  # held requests count in the router's demand
-                router.budgets.get(self.cfg.pool).queued += _tokens(features)
+                router.budgets.get(self.cfg.pool).enqueue(_tokens(features))
         else:
             if router.budgets is not None:  # it wanted in: the next demand says so
                 router.budgets.get(self.cfg.pool).refused_tokens(_tokens(features))
@@ -539,13 +539,15 @@ class Simulation:
         def left(h: adm.Held) -> None:
             self._held -= 1
             if router.budgets is not None:
-                router.budgets.get(self.cfg.pool).queued -= _tokens(self._features[h.key])  # type: ignore[index]
+                router.budgets.get(self.cfg.pool).dequeue(_tokens(self._features[h.key]))  # type: ignore[index]
 
         def dispatch(h: adm.Held, d: adm.Decision) -> None:
             left(h)
             self._dispatch_held(router, self.records[h.key], d)  # type: ignore[index]
 
         def reject(h: adm.Held, d: adm.Decision) -> None:
+            if router.budgets is not None:  # it wanted in, as one rejected at arrival
+                router.budgets.get(self.cfg.pool).refused_tokens(_tokens(self._features[h.key]))  # type: ignore[index]
             left(h)
             self._reject(self.records[h.key], d)  # type: ignore[index]
 

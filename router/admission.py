@@ -162,7 +162,7 @@ class Gate:
         fut: asyncio.Future[adm.Decision] = asyncio.get_running_loop().create_future()
         p.waiters[key] = _Waiter(fut, request, slo, snapshot, cls, self._clock(), budget, tokens)
         if budget is not None:
-            budget.queued += tokens
+            budget.enqueue(tokens)
         self._metrics.held.labels(pool, cls).inc()
         self._metrics.queued.labels(pool, cls).inc()
         self._arm(p)
@@ -173,15 +173,19 @@ class Gate:
             if w is not None:  # still held: gone from the queue, nothing was sent
                 p.queue.remove(key)
                 self._left(p, w, "disconnected")
-            elif fut.done() and not fut.cancelled() and fut.result().action == adm.DISPATCH:
-                self.sent(pool)  # handed a dispatch it will never make
+            elif fut.done() and not fut.cancelled():
+                if fut.result().action == adm.DISPATCH:
+                    self.sent(pool)  # handed a dispatch it will never make
+                else:  # rejected from the queue as it went: counted like any rejection
+                    self._rejected(pool, cls, fut.result(), budget, tokens)
             raise
-        if d.action == adm.REJECT:
-            return Rejected(d.reason, d.retry_after_s)
+        if d.action == adm.REJECT:  # rejected from the queue: counted like one at arrival
+            return self._rejected(pool, cls, d, budget, tokens)
         return self._admitted(snapshot(slo), d, budget, tokens, held=True)
 
     def _rejected(self, pool: str, cls: str, d: adm.Decision, budget: RouterBudget | None,
                   tokens: Tokens) -> Rejected:
+        """Every rejection, at arrival or from the queue: metrics and the demand report."""
         self._metrics.rejected.labels(pool, cls, d.reason).inc()
         if budget is not None:  # it wanted in: the next demand report says so
             budget.refused_tokens(tokens)
@@ -195,7 +199,7 @@ class Gate:
 
     def _left(self, p: _Pool, w: _Waiter, outcome: str) -> None:
         if w.budget is not None:
-            w.budget.queued -= w.tokens
+            w.budget.dequeue(w.tokens)
         self._metrics.queued.labels(p.name, w.cls).dec()
         self._metrics.wait.labels(p.name, w.cls, outcome).observe(max(0.0, self._clock() - w.since))
 
@@ -224,8 +228,7 @@ class Gate:
 
         def reject(h: adm.Held, d: adm.Decision) -> None:
             w = p.waiters.pop(h.key)  # type: ignore[call-overload]
-            self._metrics.rejected.labels(p.name, w.cls, d.reason).inc()
-            self._left(p, w, "rejected")
+            self._left(p, w, "rejected")  # its handler counts it (Gate._rejected)
             w.future.set_result(d)
 
         adm.pump(p.queue, self._clock(), predict, dispatch, reject, max_dispatch=1)

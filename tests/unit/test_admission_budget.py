@@ -136,6 +136,30 @@ def test_demand_counts_held_and_refused_then_resets() -> None:
     assert b.demand() == Tokens(100, 150, 1)
 
 
+Q = Tokens.request(100, 50)      # (100, 150, 1)
+R = Tokens.request(300, 0)       # (300, 300, 1)
+QUEUED = [
+    # (id, steps, queued after, demand after)
+    ("nothing", [], Tokens(), Tokens()),
+    ("one waits", [("enqueue", Q)], Q, Q),
+    ("two wait", [("enqueue", Q), ("enqueue", R)], Q + R, Q + R),
+    ("waits then leaves", [("enqueue", Q), ("dequeue", Q)], Tokens(), Tokens()),
+    ("waits then is refused", [("enqueue", Q), ("dequeue", Q), ("refused", Q)], Tokens(), Q),
+    ("waits then is dispatched", [("enqueue", R), ("dequeue", R), ("acquire", R)], Tokens(), R),
+    ("leaving twice never goes below zero", [("enqueue", Q), ("dequeue", Q), ("dequeue", Q)], Tokens(), Tokens()),
+]
+
+
+@pytest.mark.parametrize("steps,queued,demand", [c[1:] for c in QUEUED], ids=[c[0] for c in QUEUED])
+def test_the_ledger_owns_what_waits_in_the_queue(steps: list, queued: Tokens, demand: Tokens) -> None:
+    b = RouterBudget()
+    for op, t in steps:
+        {"enqueue": b.enqueue, "dequeue": b.dequeue, "refused": b.refused_tokens, "acquire": b.acquire_tokens}[op](t)
+    assert b.queued == queued
+    assert b.demand() == demand
+    assert b.demand() == queued + b.held       # refused counts once
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["critical", "standard", "sheddable"]), st.integers(0, 5000),
                           st.integers(0, 5000), st.sampled_from(["first", "release", "none"])), max_size=80))

@@ -169,3 +169,28 @@ async def test_an_arrival_while_a_held_request_is_being_sent_goes_after_it() -> 
     assert isinstance(out, Admitted) and out.held
     g.sent("m")
     g.close()
+
+
+async def test_a_request_rejected_from_the_queue_counts_once_in_metrics_and_in_the_demand() -> None:
+    """Rejected after waiting (its deadline passed while held): out of the ledger's queued tokens,
+    into its refused ones (the next demand report), and counted once in the metrics."""
+    g, reg, clock = gate()
+    pol = FakePolicy()
+    pol.queued = {"r0": 900.0, "r1": 900.0}
+    budget = RouterBudget()
+    t = asyncio.create_task(g.admit("m", pol, FakeRequest(500, 100), "standard", SLO, 0.0,  # type: ignore[arg-type]
+                                    snapshot, budget))
+    await asyncio.sleep(0)
+    assert budget.queued == Tokens(500.0, 600.0, 1.0)
+    clock[0] = 1.9                                   # 0.1 s left, TTFT 0.2 s: cannot make it
+    g.wake("m")
+    out = await t
+    assert isinstance(out, Rejected) and out.reason == "deadline_unmeetable"
+    assert budget.queued == Tokens()
+    assert budget.demand() == Tokens(500.0, 600.0, 1.0)   # refused: it still wanted in
+    assert budget.demand() == Tokens()                    # reported once
+    assert reg.get_sample_value("tidegate_router_admission_rejected_total",
+                                {"model": "m", "priority": "standard", "reason": "deadline_unmeetable"}) == 1
+    assert reg.get_sample_value("tidegate_router_admission_queue_wait_seconds_count",
+                                {"model": "m", "priority": "standard", "outcome": "rejected"}) == 1
+    g.close()

@@ -176,7 +176,7 @@ class RouterBudget:
         self.share: Tokens | None = None
         self.class_fraction = dict(class_fraction or DEFAULT_CLASS_FRACTION)
         self.held = Tokens()
-        self.queued = Tokens()     # waiting in this router's admission queue (they want in too)
+        self.queued = Tokens()     # waiting in this router's admission queue (they want in too): enqueue/dequeue
         self._wanted = Tokens()    # refused since the last demand() call
 
     def set_share(self, share: Tokens | None, class_fraction: Mapping[str, float] | None = None) -> None:
@@ -192,6 +192,14 @@ class RouterBudget:
         f = self.class_fraction.get(cls, self.class_fraction.get(STANDARD, 1.0))
         after = self.held + Tokens.request(prompt_tokens, max_tokens)
         return all(a <= s * f + 1e-9 for a, s in zip(after.values(), self.share.values(), strict=True))
+
+    def enqueue(self, t: Tokens) -> None:
+        """A request now waits in this router's admission queue: it counts in the demand."""
+        self.queued += t
+
+    def dequeue(self, t: Tokens) -> None:
+        """A waiting request left the queue (dispatched, rejected or gone)."""
+        self.queued = Tokens.of(max(0.0, v) for v in (self.queued - t).values())
 
     def refused(self, prompt_tokens: int, max_tokens: int = 0) -> None:
         """A request that wanted in and was turned away: counts in the next demand."""
