@@ -62,8 +62,18 @@ class EngineCredentials:
 
     by_pool: Mapping[str, str]
 
+    def __post_init__(self) -> None:
+        # An entry is a credential: an empty one would read as "none" and fall through to `*` or
+        # to no header at all, so it is refused where it is built (load() refuses empty keys first).
+        for pool, value in self.by_pool.items():
+            scheme, _, key = value.partition(" ")
+            if scheme != "Bearer" or not key.strip():
+                raise ConfigError(f"engine API key of pool {pool!r}: not 'Bearer KEY' with a key")
+
     def authorization(self, pool: str) -> str | None:
-        return self.by_pool.get(pool) or self.by_pool.get(ANY_POOL)
+        """The pool's own Authorization value, else the `*` entry's, else None (send none)."""
+        own = self.by_pool.get(pool)
+        return own if own is not None else self.by_pool.get(ANY_POOL)
 
     def __repr__(self) -> str:  # a stray log or traceback must not print the keys
         return f"EngineCredentials(pools={sorted(self.by_pool)})"
@@ -84,7 +94,7 @@ def load(sources: tuple[CredentialSource, ...], environ: Mapping[str, str],
                               f"{exc.strerror or type(exc).__name__}") from None
         if not key:
             raise ConfigError(f"engine API key of pool {src.pool!r}: {src.describe()} is empty or unset")
-        if any(c in key for c in "\r\n") or not key.isprintable():
+        if not key.isprintable():  # CR and LF too: a key must not split the header
             raise ConfigError(f"engine API key of pool {src.pool!r}: {src.describe()} holds control characters")
         keys[src.pool] = f"Bearer {key}"
     return EngineCredentials(keys)

@@ -80,13 +80,32 @@ def test_load_reads_files_and_env_and_prefers_the_pools_own(tmp_path: Path) -> N
         ("m=env:BLANK", {"BLANK": "  "}, "pool 'm': env:BLANK is empty or unset"),
         ("m=file:/nonexistent/key", {}, "pool 'm': cannot read file:/nonexistent/key"),
         ("m=env:TWO", {"TWO": "a\nb"}, "control characters"),
+        ("m=env:CR", {"CR": "a\rb"}, "control characters"),
+        ("m=env:TAB", {"TAB": "a\tb"}, "control characters"),
+        ("m=env:NUL", {"NUL": "a\x00b"}, "control characters"),
+        ("m=env:K,*=env:EMPTY", {"K": "sk", "EMPTY": ""}, "pool '\\*': env:EMPTY is empty or unset"),
     ],
-    ids=["unset", "blank", "no-file", "newline"],
+    ids=["unset", "blank", "no-file", "newline", "carriage-return", "tab", "nul", "empty-catch-all"],
 )
 def test_load_errors_name_pool_and_source_never_the_key(spec: str, env: dict[str, str], match: str) -> None:
     with pytest.raises(ConfigError, match=match) as info:
         credentials.load(credentials.parse_spec(spec), env)
     assert "a\nb" not in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["", "Bearer ", "Bearer   ", "sk-no-scheme"], ids=["empty", "no-key", "blank-key",
+                                                                                     "no-scheme"])
+def test_an_empty_credential_is_a_config_error_not_a_fall_through(value: str) -> None:
+    """Built by hand (not through load()), an empty entry would have read as "no credential" and
+    sent the catch-all's key, or none, to that pool's engines: it is refused instead."""
+    with pytest.raises(ConfigError, match="pool 'm'"):
+        credentials.EngineCredentials({"m": value, credentials.ANY_POOL: "Bearer sk-any"})
+
+
+def test_a_pools_own_entry_wins_and_others_fall_back_to_the_catch_all() -> None:
+    creds = credentials.EngineCredentials({"m": "Bearer sk-m", credentials.ANY_POOL: "Bearer sk-any"})
+    assert (creds.authorization("m"), creds.authorization("other")) == ("Bearer sk-m", "Bearer sk-any")
+    assert credentials.EngineCredentials({"m": "Bearer sk-m"}).authorization("other") is None
 
 
 # ------------------------------------------------------------------------- over HTTP, to the simulator
