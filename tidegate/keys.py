@@ -3,6 +3,7 @@
     /tidegate/v1/tables/<pool>              RoutingTable (one key per pool; written by the leader)
     /tidegate/v1/replicas/<replica_id>      ReplicaPresence (leased by the control plane holding the stream)
     /tidegate/v1/routers/<router_id>        RouterPresence (leased by the router)
+    /tidegate/v1/router-load/<router_id>    RouterLoad (leased by the router; binary protobuf, for its peers)
     /tidegate/v1/intents/<replica_id>       ReplicaIntent (SRE cordon/drain; no lease, survives restarts)
     /tidegate/v1/events/<ts>-<n>            Event (audit trail; no lease)
     /tidegate/v1/budgets/<scope>            DisruptionBudget (scope "pool:<name>" or "region:<name>")
@@ -12,7 +13,9 @@
     /tidegate/v1/election/controlplane      etcd Election name (values: LeaderRecord)
     /tidegate/v1/faults/<replica_id>        FaultRecord (ejection and backoff; written by the leader, fenced)
 
-Values are protobuf JSON (see `tidegate.codec`).
+Values are protobuf JSON (see `tidegate.codec`), except RouterLoad: binary, written ~10 times a second.
+The router-load prefix is deliberately not under routers/: what lists router presences (the control
+plane's WatchCache on ROUTERS) must not see load records.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ PREFIX = "/tidegate/v1/"
 TABLES = PREFIX + "tables/"
 REPLICAS = PREFIX + "replicas/"
 ROUTERS = PREFIX + "routers/"
+ROUTER_LOADS = PREFIX + "router-load/"
 INTENTS = PREFIX + "intents/"
 EVENTS = PREFIX + "events/"
 BUDGETS = PREFIX + "budgets/"
@@ -41,6 +45,10 @@ def replica(replica_id: str) -> str:
 
 def router(router_id: str) -> str:
     return ROUTERS + router_id
+
+
+def router_load(router_id: str) -> str:
+    return ROUTER_LOADS + router_id
 
 
 def intent(replica_id: str) -> str:

@@ -314,3 +314,59 @@ class FaultRecord(_message.Message):
     last_readmit_at: _timestamp_pb2.Timestamp
     controlplane_id: str
     def __init__(self, replica_id: _Optional[str] = ..., ejected: _Optional[bool] = ..., cause: _Optional[str] = ..., permanent: _Optional[bool] = ..., ejected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., readmit_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ejections: _Optional[int] = ..., last_readmit_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., controlplane_id: _Optional[str] = ...) -> None: ...
+
+class RouterLoad(_message.Message):
+    __slots__ = ("router_id", "updated_at", "pools")
+    class PoolsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: PoolLoad
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[PoolLoad, _Mapping]] = ...) -> None: ...
+    ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    router_id: str
+    updated_at: _timestamp_pb2.Timestamp
+    pools: _containers.MessageMap[str, PoolLoad]
+    def __init__(self, router_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pools: _Optional[_Mapping[str, PoolLoad]] = ...) -> None: ...
+
+class PoolLoad(_message.Message):
+    __slots__ = ("replicas", "learned")
+    class ReplicasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: ReplicaLoad
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ReplicaLoad, _Mapping]] = ...) -> None: ...
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LEARNED_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.MessageMap[str, ReplicaLoad]
+    learned: _containers.RepeatedCompositeFieldContainer[LearnedBlocks]
+    def __init__(self, replicas: _Optional[_Mapping[str, ReplicaLoad]] = ..., learned: _Optional[_Iterable[_Union[LearnedBlocks, _Mapping]]] = ...) -> None: ...
+
+class ReplicaLoad(_message.Message):
+    __slots__ = ("queued_prefill", "waiting", "decoding", "kv", "placed_s")
+    QUEUED_PREFILL_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    DECODING_FIELD_NUMBER: _ClassVar[int]
+    KV_FIELD_NUMBER: _ClassVar[int]
+    PLACED_S_FIELD_NUMBER: _ClassVar[int]
+    queued_prefill: float
+    waiting: int
+    decoding: int
+    kv: float
+    placed_s: float
+    def __init__(self, queued_prefill: _Optional[float] = ..., waiting: _Optional[int] = ..., decoding: _Optional[int] = ..., kv: _Optional[float] = ..., placed_s: _Optional[float] = ...) -> None: ...
+
+class LearnedBlocks(_message.Message):
+    __slots__ = ("replica_id", "keys", "tokens_per_block")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    keys: _containers.RepeatedScalarFieldContainer[int]
+    tokens_per_block: float
+    def __init__(self, replica_id: _Optional[str] = ..., keys: _Optional[_Iterable[int]] = ..., tokens_per_block: _Optional[float] = ...) -> None: ...
