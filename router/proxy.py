@@ -41,7 +41,6 @@ from tidegate.router.admission import Gate, Rejected, rejection_response
 from tidegate.router.admission_budgets import AdmissionBudgets
 from tidegate.router.budget import RetryBudget
 from tidegate.router.credentials import NO_CREDENTIALS, EngineCredentials
-from tidegate.router.engine_client import ConnectFailed, EngineClient, EngineResponse
 from tidegate.router.inflight import InflightCounter
 from tidegate.router.metrics import RouterMetrics
 from tidegate.router.parse import DEFAULT_MAX_JSON_DEPTH, BadRequest, error_body, parse_request, request_prefix_hashes
@@ -153,16 +152,6 @@ def forward_request_headers(headers: Any) -> CIMultiDict[str]:
     return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
 
 
-def engine_request_headers(headers: Any) -> list[tuple[str, str]]:
-    """forward_request_headers as the engine client takes them, with a Content-Type: the body is
-    JSON (it was parsed), and engines such as FastAPI apps parse a body without one as JSON too."""
-    drop = _dropped(headers, _DROP_REQUEST)
-    out = [(k, v) for k, v in headers.items() if k.lower() not in drop]
-    if "Content-Type" not in headers:
-        out.append(("Content-Type", "application/json"))
-    return out
-
-
 def forward_response_headers(headers: Any) -> CIMultiDict[str]:
     drop = _dropped(headers, _DROP_RESPONSE)
     return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
@@ -182,7 +171,7 @@ def _sse_error(message: str) -> bytes:
 
 
 class Proxy:
-    def __init__(self, tables: RoutingTables, session: EngineClient, inflight: InflightCounter,
+    def __init__(self, tables: RoutingTables, session: aiohttp.ClientSession, inflight: InflightCounter,
                  budget: RetryBudget, metrics: RouterMetrics, rng: random.Random, settings: ProxySettings,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._tables = tables
@@ -428,18 +417,19 @@ class Proxy:
     async def _attempt(self, request: web.Request, body: bytes, table: PoolTable, choice: registry.Pick,
                        features: RequestFeatures, t0: float,
                        first_token: Callable[[], None] | None = None) -> web.StreamResponse | _Failure:
-        headers = engine_request_headers(request.headers)
+        url = choice.endpoint + request.rel_url.path_qs
+        headers = forward_request_headers(request.headers)
         engine_auth = self._settings.engine_credentials.authorization(table.pool)
         if engine_auth is not None:
-            headers.append(("Authorization", engine_auth))
+            headers["Authorization"] = engine_auth
         sent = self._clock()
-        upstream: EngineResponse | None = None
+        upstream: aiohttp.ClientResponse | None = None
         done = False
         try:
             deadline = _Deadline(self._event_loop(), self._settings.first_byte_timeout_s)
             try:
                 try:
-                    upstream = await self._session.post(choice.endpoint, request.rel_url.raw_path_qs, headers, body)
+                    upstream = await self._session.post(url, data=body, headers=headers)
                     self._metrics.upstream_latency_for(table.pool).observe(self._clock() - sent)
                     if upstream.status >= 500:
                         data = await upstream.read()
@@ -453,7 +443,7 @@ class Proxy:
                 if not timed_out:
                     raise
                 return _Failure("timeout", False, 504, _FIRST_BYTE_TIMEOUT)
-            except ConnectFailed as exc:  # nothing was sent
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:  # nothing was sent
                 return _Failure("connect", True, 502, f"cannot connect to replica: {exc.__class__.__name__}")
             except TimeoutError:
                 return _Failure("timeout", False, 504, _FIRST_BYTE_TIMEOUT)
@@ -471,7 +461,7 @@ class Proxy:
                 else:  # cut short (error, client gone, cancel): drop the connection so the engine aborts
                     upstream.close()
 
-    async def _stream(self, request: web.Request, upstream: EngineResponse, first: bytes,
+    async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
                       table: PoolTable, choice: registry.Pick, features: RequestFeatures,
                       t0: float) -> web.StreamResponse:
         out = _Relayed(status=upstream.status, reason=upstream.reason,
