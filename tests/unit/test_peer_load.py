@@ -150,3 +150,27 @@ def test_blocks_a_peer_placed_count_as_cached_there_and_are_sent_once():
 def test_learned_blocks_with_garbage_sizes_are_refused(tpb):
     with pytest.raises(ValueError):
         LearnedBlocks("a", (1, 2), tpb)
+
+
+def test_a_peers_decoders_at_risk_count_once_each_in_our_placement():
+    sender, receiver = TidegatePolicy(), TidegatePolicy()
+    snap = PoolSnapshot((e("a"),))
+    for i in range(5):                                             # 5 short answers decoding on a (the peer's)
+        r = req(200, out=4, rid=f"short{i}")
+        sender.on_dispatch(r, "a")
+        sender.on_first_token(r, "a")
+    doc = req(20_000, rid="doc")
+    assert receiver.predictions(snap, doc)[0].pushed_out == 0      # it knows nothing of them yet
+    report = sender.take_report()
+    assert len(report.loads["a"].budgets) == 5
+    receiver.on_peer_load("router-0", report)
+    assert receiver.predictions(snap, doc)[0].pushed_out == 5
+    receiver.forget_peer("router-0")
+    assert receiver.predictions(snap, doc)[0].pushed_out == 0
+
+
+@pytest.mark.parametrize("budgets", [(-1.0,), (0.0,), (math.inf,), (2.0, 1.0)],
+                         ids=["negative", "zero", "inf", "descending"])
+def test_garbage_budgets_are_refused(budgets):
+    with pytest.raises(ValueError):
+        ReplicaLoadReport(budgets=budgets)

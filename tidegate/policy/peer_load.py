@@ -33,6 +33,10 @@ class ReplicaLoadReport:
     # Prefill seconds it has placed there since it started (monotonic): what stalls every
     # sequence decoding there, whoever sent it. Peers take the difference between two reports.
     placed_s: float = 0.0
+    # Stall budgets left to its sequences there (seconds of others' prefill each can still absorb
+    # within its TPOT target; predict.pushed_out), ascending: the ones at risk, so that peers count
+    # exactly the sequences a placement pushes out, not a multiple of their own.
+    budgets: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("queued_prefill", "kv", "placed_s"):
@@ -41,6 +45,8 @@ class ReplicaLoadReport:
                 raise ValueError(f"{name} must be finite and >= 0, got {v!r}")
         if self.waiting < 0 or self.decoding < 0:
             raise ValueError("waiting and decoding must be >= 0")
+        if not all(0.0 < b < float("inf") for b in self.budgets) or list(self.budgets) != sorted(self.budgets):
+            raise ValueError("budgets must be finite, > 0 and ascending")
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ import bisect
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 
 from tidegate.policy.affinity import PrefixBlocks, PrefixIndex
 from tidegate.policy.peer_load import (
@@ -74,6 +75,8 @@ MIN_SHARE = 1.0 / 64
 # router placing 60k-token prompts at 50/s is ~47k blocks of 64 tokens; past this, peers miss some
 # and their affinity is a little weaker, never wrong).
 MAX_LEARNED_KEYS = 65_536
+# Stall budgets a report carries per replica at most: the smallest, those a placement can push out.
+MAX_REPORTED_BUDGETS = 256
 
 
 @dataclass(slots=True)
@@ -97,6 +100,17 @@ class _Own:
     # and each request's stall key, sorted (predict.pushed_out).
     stalled_s: float = 0.0
     stall_keys: list[float] = field(default_factory=list)
+    # Peers' sequences there: their stall budgets as keys on our counter (on_peer_load), per peer,
+    # and every key there sorted (ours and theirs; None = to rebuild).
+    peer_keys: dict[str, list[float]] = field(default_factory=dict)
+    merged: list[float] | None = None
+
+    def all_keys(self) -> list[float]:
+        if not self.peer_keys:
+            return self.stall_keys
+        if self.merged is None:
+            self.merged = sorted(chain(self.stall_keys, *self.peer_keys.values()))
+        return self.merged
 
 
 # A replica with none of this router's requests on it (read only).
@@ -239,10 +253,8 @@ class TidegatePolicy:
                 peer = peer_of(rid, NO_PEER_LOAD)
                 kv = own.kv + peer.kv
                 kv_used = reported if reported is not None and reported > kv else kv   # max(kv, reported)
-                mine = own.waiting + own.decoding
-                per_key = (mine + peer.sequences) / mine if mine else 1.0
                 loads.append((rid, own.queued + peer.queued_prefill, own.decoding + peer.decoding, kv_used, cap,
-                              own.stall_keys, own.stalled_s, per_key, rates, cached.get(rid, 0)))
+                              own.all_keys(), own.stalled_s, 1.0, rates, cached.get(rid, 0)))
         else:
             scale = 1.0 / share
             for rid, rates, cap, reported in cands.rows:
@@ -336,6 +348,7 @@ class TidegatePolicy:
         slack = self._tpot_slo_s - rates.step_s(decoding + 1)
         key = own.stalled_s + max(0.0, slack) * max(0.0, out - 1.0)
         bisect.insort(own.stall_keys, key)
+        own.merged = None
         self._flights[self._key(request, replica_id)] = _Flight(replica_id, prefill, kv, key)
         # Bounded by the replica's KV capacity, as its prefix cache is.
         added = self._index.learn(replica_id, blocks, self._capacity.get(replica_id, 0.0))
@@ -355,7 +368,10 @@ class TidegatePolicy:
         loads = {}
         for rid, placed in self._placed.items():
             own = self._own.get(rid, _IDLE)
-            loads[rid] = ReplicaLoadReport(max(0.0, own.queued), own.waiting, own.decoding, max(0.0, own.kv), placed)
+            at = bisect.bisect_right(own.stall_keys, own.stalled_s)
+            budgets = tuple(k - own.stalled_s for k in own.stall_keys[at:at + MAX_REPORTED_BUDGETS])
+            loads[rid] = ReplicaLoadReport(max(0.0, own.queued), own.waiting, own.decoding, max(0.0, own.kv), placed,
+                                           tuple(b for b in budgets if b > 0.0))
         learned = tuple(LearnedBlocks(rid, tuple(keys), tpb) for rid, (keys, tpb) in self._learned.items())
         self._learned = {}
         return PeerReport(loads, learned)
@@ -368,6 +384,18 @@ class TidegatePolicy:
             own = self._own.get(rid)
             if own is not None:
                 own.stalled_s += placed
+        # Its sequences' budgets become keys on our counter, from where it stands now.
+        for rid, own in list(self._own.items()):
+            if router_id in own.peer_keys and rid not in report.loads:
+                del own.peer_keys[router_id]
+                own.merged = None
+                if own.waiting == 0 and own.decoding == 0 and not own.peer_keys:
+                    del self._own[rid]
+        for rid, r in report.loads.items():
+            if r.budgets or router_id in self._own.get(rid, _IDLE).peer_keys:
+                own = self._own.setdefault(rid, _Own())
+                own.peer_keys[router_id] = [own.stalled_s + b for b in r.budgets]
+                own.merged = None
         self._peers[router_id] = dict(report.loads)
         self._peer_sum = sum_peers(self._peers.values())
         for b in report.learned:
@@ -377,6 +405,11 @@ class TidegatePolicy:
         """A peer is gone (its presence expired): its load no longer counts."""
         if self._peers.pop(router_id, None) is not None:
             self._peer_sum = sum_peers(self._peers.values())
+        for rid, own in list(self._own.items()):
+            if own.peer_keys.pop(router_id, None) is not None:
+                own.merged = None
+                if own.waiting == 0 and own.decoding == 0 and not own.peer_keys:
+                    del self._own[rid]
 
     def on_first_token(self, request: RequestFeatures, replica_id: str) -> None:
         f = self._flights.get(self._key(request, replica_id))
@@ -411,5 +444,6 @@ class TidegatePolicy:
         i = bisect.bisect_left(own.stall_keys, f.stall_key)
         if i < len(own.stall_keys) and own.stall_keys[i] == f.stall_key:
             del own.stall_keys[i]
-        if own.waiting == 0 and own.decoding == 0:
+            own.merged = None
+        if own.waiting == 0 and own.decoding == 0 and not own.peer_keys:
             del self._own[replica_id]  # nothing left: no float drift carried forward
