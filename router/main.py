@@ -45,6 +45,7 @@ from tidegate.router.frontdoor import (
 from tidegate.router.inflight import InflightCounter
 from tidegate.router.metrics import RouterMetrics
 from tidegate.router.parse import DEFAULT_MAX_JSON_DEPTH
+from tidegate.router.peer_load import LoadPublisher, PeerLoadWatcher
 from tidegate.router.presence import PresencePublisher
 from tidegate.router.proxy import Proxy, ProxySettings
 from tidegate.router.tables import RoutingTables
@@ -102,6 +103,12 @@ class RouterConfig(ConfigBase, EtcdFields, AdmissionFields):
     default_slo_tpot_s: float = Field(
         0.1, gt=0, description="TPOT (time per output token) target, seconds, for pools without an SLO of "
         "their own; the tidegate policy spares decoders whose TPOT a placement would break.")
+
+    peer_load_interval_s: float = Field(
+        0.1, ge=0, description="How often this router writes its per-replica load and newly placed prefix blocks "
+        "to etcd for its peers (router-load/<id>, under its presence lease; only when something changed), and "
+        "reads theirs: with several routers, each counts the others' load and learns their prefix blocks. "
+        "Seconds; 0: off (each router sees only its own requests).")
 
     engine_api_key: str = Field(
         "", description="Credential the router sends to engines as 'Authorization: Bearer KEY' (engines "
@@ -271,6 +278,12 @@ async def serve(cfg: RouterConfig,
     proxy.admission_budgets = budgets
     presence = PresencePublisher(keeper, router_id, cfg.region, f"http://{cfg.host}:{port}", inflight, tables,
                                  interval_s=PRESENCE_INTERVAL_S, budgets=budgets)
+    peers: tuple[LoadPublisher, PeerLoadWatcher] | None = None
+    if cfg.peer_load_interval_s > 0:
+        peers = (LoadPublisher(store, keeper, router_id, proxy.policies, interval_s=cfg.peer_load_interval_s,
+                               on_write=metrics.peer_load_writes.inc),
+                 PeerLoadWatcher(store, router_id, proxy.policy, proxy.policies))
+        metrics.peer_routers.set_function(lambda: peers[1].peers if peers is not None else 0)
     tasks: list[asyncio.Task[None]] = []
 
     async def background() -> None:
@@ -279,6 +292,9 @@ async def serve(cfg: RouterConfig,
         tasks.append(asyncio.create_task(keeper.run(), name="lease"))
         tasks.append(asyncio.create_task(presence.run(), name="presence"))
         tasks.append(asyncio.create_task(budgets.run(), name="admission_budgets"))
+        if peers is not None:
+            tasks.append(asyncio.create_task(peers[0].run(), name="peer_load_publish"))
+            tasks.append(asyncio.create_task(peers[1].run(), name="peer_load_watch"))
 
     starter = asyncio.create_task(background(), name="connect")
     try:

@@ -119,6 +119,11 @@ class RouterMetrics:
             "timeouts, parser-level HTTP errors; by kind.", ["kind"], registry=r)
         self.client_connections = Gauge("tidegate_router_client_connections", "Open client connections.",
                                         registry=r)
+        self.peer_routers = Gauge("tidegate_router_peer_routers",
+                                  "Other routers whose load this router counts (their router-load records).",
+                                  registry=r)
+        self.peer_load_writes = Counter("tidegate_router_peer_load_writes",
+                                        "Router-load records this router wrote to etcd for its peers.", registry=r)
         r.register(_StateCollector(tables, inflight, wall))
         # the per-request series, pre-bound (Children)
         self.requests_for = Children(self.requests)

@@ -348,18 +348,20 @@ class PoolLoad(_message.Message):
     def __init__(self, replicas: _Optional[_Mapping[str, ReplicaLoad]] = ..., learned: _Optional[_Iterable[_Union[LearnedBlocks, _Mapping]]] = ...) -> None: ...
 
 class ReplicaLoad(_message.Message):
-    __slots__ = ("queued_prefill", "waiting", "decoding", "kv", "placed_s")
+    __slots__ = ("queued_prefill", "waiting", "decoding", "kv", "placed_s", "budgets")
     QUEUED_PREFILL_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     DECODING_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
     PLACED_S_FIELD_NUMBER: _ClassVar[int]
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
     queued_prefill: float
     waiting: int
     decoding: int
     kv: float
     placed_s: float
-    def __init__(self, queued_prefill: _Optional[float] = ..., waiting: _Optional[int] = ..., decoding: _Optional[int] = ..., kv: _Optional[float] = ..., placed_s: _Optional[float] = ...) -> None: ...
+    budgets: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, queued_prefill: _Optional[float] = ..., waiting: _Optional[int] = ..., decoding: _Optional[int] = ..., kv: _Optional[float] = ..., placed_s: _Optional[float] = ..., budgets: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class LearnedBlocks(_message.Message):
     __slots__ = ("replica_id", "keys", "tokens_per_block")

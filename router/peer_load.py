@@ -1,0 +1,197 @@
+"""Live routers share their load through etcd (tidegate/policy/peer_load.py says why).
+
+Each router writes one `RouterLoad` record, under its presence lease, at
+/tidegate/v1/router-load/<router_id>: per pool, its own load on each replica and the prefix
+blocks it placed since its previous record. `LoadPublisher` takes the pools' reports every
+interval (0.1 s) and writes only when the load moved or blocks were learned: an idle router
+writes nothing. `PeerLoadWatcher` watches the prefix and hands every other router's record to
+this router's pool policies (`on_peer_load`); a record that goes (its router stopped or lost its
+lease) is forgotten (`forget_peer`).
+
+The publisher writes with the LeaseKeeper's lease but not through `LeaseKeeper.put`: that
+remembers the value to re-put it after an outage, and logs every failure. A record's learned
+blocks are a delta, sent once; a failed write loses that delta (peers' affinity is a little
+weaker, never wrong) and the next tick writes the load again. Failures are logged when they
+start and when they stop, not ten times a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+from google.protobuf.message import DecodeError
+
+from tidegate import keys
+from tidegate.errors import StoreError
+from tidegate.policy.peer_load import LearnedBlocks, PeerReport, ReplicaLoadReport
+from tidegate.store.api import KeyValue, Store
+from tidegate.store.lease import LeaseKeeper
+from tidegate.store.watchcache import WatchCache
+from tidegate.v1.records_pb2 import ReplicaLoad, RouterLoad
+
+log = structlog.get_logger(__name__)
+
+# Prefix-block keys one record carries at most, over all its pools (8 bytes each: 1 MiB, under
+# etcd's default 1.5 MiB request limit). Past it the rest of the delta is dropped: peers miss
+# some blocks, as they do when a write fails.
+MAX_RECORD_KEYS = 131_072
+
+Policies = Callable[[], Mapping[str, Any]]   # pool -> policy instance (Proxy.policies)
+PolicyFor = Callable[[str], Any]             # pool -> policy instance, created if new (Proxy.policy)
+
+
+# ---------------------------------------------------------------------- record <-> reports (pure)
+
+def load_record(router_id: str, wall_s: float, reports: Mapping[str, PeerReport],
+                max_keys: int = MAX_RECORD_KEYS) -> RouterLoad:
+    """The record of a router's per-pool reports; learned keys past `max_keys` are left out."""
+    rec = RouterLoad(router_id=router_id)
+    rec.updated_at.FromNanoseconds(int(wall_s * 1e9))
+    room = max_keys
+    for pool, report in reports.items():
+        p = rec.pools[pool]
+        for rid, r in report.loads.items():
+            p.replicas[rid].CopyFrom(ReplicaLoad(queued_prefill=r.queued_prefill, waiting=r.waiting,
+                                                 decoding=r.decoding, kv=r.kv, placed_s=r.placed_s,
+                                                 budgets=r.budgets))
+        for b in report.learned:
+            if room <= 0:
+                break
+            keys_ = b.keys[:room]
+            room -= len(keys_)
+            p.learned.add(replica_id=b.replica_id, keys=keys_, tokens_per_block=b.tokens_per_block)
+    return rec
+
+
+def peer_reports(rec: RouterLoad) -> dict[str, PeerReport]:
+    """Per pool, the report a record carries. Raises ValueError when a figure is out of range
+    (negative, NaN, infinite): the whole record is refused, not a part of it."""
+    out = {}
+    for pool, p in rec.pools.items():
+        loads = {rid: ReplicaLoadReport(r.queued_prefill, r.waiting, r.decoding, r.kv, r.placed_s, tuple(r.budgets))
+                 for rid, r in p.replicas.items()}
+        learned = tuple(LearnedBlocks(b.replica_id, tuple(b.keys), b.tokens_per_block) for b in p.learned)
+        out[pool] = PeerReport(loads, learned)
+    return out
+
+
+# ---------------------------------------------------------------------- publisher
+
+class LoadPublisher:
+    def __init__(self, store: Store, keeper: LeaseKeeper, router_id: str, policies: Policies,
+                 interval_s: float = 0.1, wall: Callable[[], float] = time.time,
+                 on_write: Callable[[], None] = lambda: None) -> None:
+        self._store = store
+        self._keeper = keeper
+        self._router_id = router_id
+        self._key = keys.router_load(router_id)
+        self._policies = policies
+        self._interval_s = interval_s
+        self._wall = wall
+        self._on_write = on_write
+        # What the last landed write said of the load, and under which lease (a new lease has
+        # no record yet: the old one went with the old lease).
+        self._written: dict[str, Mapping[str, ReplicaLoadReport]] = {}
+        self._written_lease = 0
+        self._failing = False
+        self.writes = 0   # records written (landed)
+
+    def _take(self) -> dict[str, PeerReport]:
+        return {pool: p.take_report() for pool, p in self._policies().items() if hasattr(p, "take_report")}
+
+    async def publish_once(self) -> bool:
+        """Takes the pools' reports and writes them when they say something new. True when a
+        record landed. Never raises StoreError: a failed write loses its learned blocks."""
+        reports = self._take()   # empties the policies' learned blocks whether or not it lands
+        lease = self._keeper.lease_id
+        loads = {pool: r.loads for pool, r in reports.items() if r.loads}
+        learned = any(r.learned for r in reports.values())
+        if not lease:
+            return False
+        if not learned and loads == self._written and (lease == self._written_lease or not loads):
+            return False
+        value = load_record(self._router_id, self._wall(), reports).SerializeToString()
+        try:
+            await self._store.put(self._key, value, lease=lease)
+        except StoreError as e:   # LeaseNotFoundError too: the keeper finds out on its next refresh
+            if not self._failing:
+                self._failing = True
+                log.warning("peer_load_write_failed", error=str(e))
+            return False
+        if self._failing:
+            self._failing = False
+            log.info("peer_load_write_recovered")
+        self._written, self._written_lease = loads, lease
+        self.writes += 1
+        self._on_write()
+        return True
+
+    async def run(self) -> None:
+        """Publishes every interval until cancelled. Never raises: a bug in one tick must not end
+        the router's reports silently (logged once until a tick succeeds)."""
+        broken = False
+        while True:
+            try:
+                await self.publish_once()
+                broken = False
+            except Exception:
+                if not broken:
+                    broken = True
+                    log.exception("peer_load_publish_failed")
+            await asyncio.sleep(self._interval_s)
+
+
+# ---------------------------------------------------------------------- watcher
+
+class PeerLoadWatcher:
+    def __init__(self, store: Store, router_id: str, policy_for: PolicyFor, policies: Policies) -> None:
+        self._router_id = router_id
+        self._policy_for = policy_for
+        self._policies = policies
+        self._pools: dict[str, frozenset[str]] = {}   # peer router -> the pools of its last record
+        self._refused: set[str] = set()               # peers whose last record was refused (logged once)
+        self.cache = WatchCache(store, keys.ROUTER_LOADS, on_change=self.on_change)
+
+    @property
+    def peers(self) -> int:
+        """Peer routers whose load this router counts."""
+        return len(self._pools)
+
+    async def run(self) -> None:
+        await self.cache.run()
+
+    def on_change(self, key: str, kv: KeyValue | None) -> None:
+        peer = keys.leaf(keys.ROUTER_LOADS, key)
+        if peer == self._router_id:
+            return
+        if kv is None:
+            self._pools.pop(peer, None)
+            self._refused.discard(peer)
+            self._forget(peer, frozenset(self._policies()))
+            return
+        try:
+            reports = peer_reports(RouterLoad.FromString(kv.value))
+        except (DecodeError, ValueError) as e:
+            if peer not in self._refused:   # once per peer until it sends a good one: values not logged
+                self._refused.add(peer)
+                log.warning("peer_load_refused", peer=peer, error=type(e).__name__)
+            return
+        self._refused.discard(peer)
+        for pool, report in reports.items():
+            policy = self._policy_for(pool)
+            if hasattr(policy, "on_peer_load"):
+                policy.on_peer_load(peer, report)
+        before = self._pools.get(peer, frozenset())
+        self._pools[peer] = frozenset(reports)
+        self._forget(peer, before - self._pools[peer])
+
+    def _forget(self, peer: str, pools: frozenset[str]) -> None:
+        policies = self._policies()
+        for pool in pools:
+            policy = policies.get(pool)
+            if policy is not None and hasattr(policy, "forget_peer"):
+                policy.forget_peer(peer)
