@@ -107,9 +107,11 @@ class SimulateConfig(ConfigBase, AdmissionFields):
     routers: tuple[int, ...] = Field((1,), description="Routers, each with its own policy instance, in-flight "
                                                       "counts and table; comma-separated for one run set per "
                                                       "count (e.g. 1,4).")
-    peer_ms: float | None = Field(None, gt=0, description="With several routers, each publishes its own "
-                                                         "per-replica load to its peers every N ms (the live "
-                                                         "router's load record); default: they share nothing.")
+    peer_ms: float = Field(100.0, ge=0, allow_inf_nan=False,
+                           description="With several routers, each whose policy exchanges load reports (tidegate) "
+                                       "publishes its per-replica load and newly placed prefix blocks to its "
+                                       "peers every N ms, as the live router's load record (default 100, like "
+                                       "the router's --peer-load-interval-s 0.1); 0: off, routers share nothing.")
     router_spread: str = Field("rr", description="How requests reach the routers: rr (round-robin, like an L4 "
                                                  "balancer) or hash (by session key: the first prefix hash).")
     max_requests: int | None = Field(None, ge=1, description="Replay only the first M requests of the trace.")
@@ -289,7 +291,7 @@ def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
                      record_samples=cfg.plot is not None,
                      scrape_interval_s=None if cfg.scrape_ms is None else cfg.scrape_ms / 1000.0,
                      routers=routers, router_spread=cfg.router_spread, admission=admission,
-                     peer_interval_s=None if cfg.peer_ms is None else cfg.peer_ms / 1000.0,
+                     peer_interval_s=cfg.peer_ms / 1000.0,
                      budgets=BudgetConfig() if admission is not None and cfg.admission_budgets else None,
                      replica_ids=cfg.replica_ids,
                      hide_max_tokens=cfg.hide_max_tokens)

@@ -19,6 +19,10 @@ What runs, and with which real code:
   (`hash`: the request's first prefix hash, so one client's prefix-sharing traffic meets one
   router; requests without prefix hashes go round-robin). The control plane sees the routers'
   in-flight counts summed;
+- with several routers, each whose policy has `take_report` (`tidegate`) hands its per-replica
+  load and newly placed prefix blocks to its peers' `on_peer_load` every `peer_interval_s`
+  (default 0.1 s, the live router's `--peer-load-interval-s`; 0: off), delivered
+  `propagation_s` later, as the live router's etcd load record; other policies share nothing;
 - a router may poll every engine's queue and KV itself (`scrape_interval_s`, else the policy's
   own `scrape_interval_s` attribute: `llmd` polls every 50 ms as llm-d's endpoint picker does);
   those figures then replace the table's (weights and states still come only from the control
@@ -114,10 +118,12 @@ class SimConfig:
     scrape_interval_s: float | None = None
     routers: int = 1
     router_spread: str = "rr"           # rr | hash (see the module doc)
-    # With several routers, how often each publishes its own per-replica load to its peers (the
-    # live router's load record); it reaches them `propagation_s` later. None: routers share
-    # nothing, and policies scale their own load up to the pool's.
-    peer_interval_s: float | None = None
+    # With several routers, how often each publishes its own per-replica load and learned prefix
+    # blocks to its peers (the live router's load record, written every 0.1 s by default:
+    # RouterConfig.peer_load_interval_s); it reaches them `propagation_s` later. Only policies
+    # with `take_report` publish. 0 or None: routers share nothing, and policies scale their own
+    # load up to the pool's.
+    peer_interval_s: float | None = 0.1
     # Requests carry no max_tokens (as from clients that set no cap): the replay's max_tokens is
     # otherwise the true output length, which no real client knows in advance.
     hide_max_tokens: bool = False
@@ -147,8 +153,9 @@ class SimConfig:
             raise ValueError("scrape_interval_s must be positive (or None)")
         if self.routers < 1:
             raise ValueError("routers must be >= 1")
-        if self.peer_interval_s is not None and not self.peer_interval_s > 0:
-            raise ValueError("peer_interval_s must be positive (or None)")
+        if self.peer_interval_s is not None and not (math.isfinite(self.peer_interval_s) and self.peer_interval_s >= 0):
+            raise ValueError(f"peer_interval_s must be a finite number of seconds >= 0 (0 or None: off), "
+                             f"not {self.peer_interval_s!r}")
         if not self.wake_s > 0:
             raise ValueError("wake_s must be positive")
         if self.router_spread not in ROUTER_SPREADS:
@@ -333,7 +340,7 @@ class Simulation:
             if router.scrape_s is not None:
                 phase = router.scrape_s if k == 0 else phase_rng.uniform(0.0, router.scrape_s)
                 self._push(self.now + phase, _SCRAPE, k)
-        if self.cfg.peer_interval_s is not None and len(self.routers) > 1:
+        if self.cfg.peer_interval_s and len(self.routers) > 1:
             for k, router in enumerate(self.routers):
                 if callable(getattr(router.policy, "take_report", None)):
                     self._push(self.now + phase_rng.uniform(0.0, self.cfg.peer_interval_s), _PEER_PUBLISH, k)
@@ -498,6 +505,7 @@ class Simulation:
         if not place.open and math.isinf(place.ttft_s):
             self._features.pop(req.req_id)
             rec.rejected = "no_replica"
+            rec.reject_s = self.now
             self._misses += 1
             return
         d = router.queue.arrive(req.req_id, class_of(req.priority), self.now, req.arrival_s + self._slo.ttft_s, place)
@@ -575,6 +583,7 @@ class Simulation:
         choice = router.policy.pick(snap, features, router.rng)
         if choice is None:
             rec.rejected = "no_replica"
+            rec.reject_s = self.now
             self._misses += 1
             return
         rep = self._by_id[choice.replica_id][0]

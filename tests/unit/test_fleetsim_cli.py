@@ -188,3 +188,12 @@ def test_bench_tables_renders_a_capacity_table(tmp_path):
     assert lines[4] == "| b | ≥80.0 (0.80) | 95.1% | - | - |"   # best 1-router capacity first
     assert lines[5] == "| a | 50.0 (0.50) | 96.0% | 45.0 ± 1.0 (0.45) | 97.0% |"
     assert "Load 1.0 = 100.0 req/s" in proc.stdout
+
+
+def test_peer_reports_default_to_the_live_routers_100ms_and_0_turns_them_off():
+    assert simulate._sim_config(simulate.SimulateConfig(), 4).peer_interval_s == 0.1
+    assert simulate._sim_config(simulate.SimulateConfig(peer_ms=250), 4).peer_interval_s == 0.25
+    assert simulate._sim_config(simulate.SimulateConfig(peer_ms=0), 4).peer_interval_s == 0.0
+    for bad in ("-1", "nan"):
+        proc = _run("--requests", "5", "--peer-ms", bad)
+        assert proc.returncode == 2 and "peer" in proc.stderr, proc.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tidegate.controlplane.publisher import routing_key
@@ -224,3 +226,46 @@ def test_a_passing_run_is_not_cut():
     assert not guarded.stopped_early
     assert [(r.first_token_s, r.finish_s) for r in guarded.records] == [(r.first_token_s, r.finish_s)
                                                                          for r in plain.records]
+
+
+def _heard(peer_interval_s, policy: str = "tidegate", routers: int = 2) -> tuple[list[list[str]], list]:
+    """Which peers each router heard from (on_peer_load calls), and the run's fingerprint."""
+    pols = [registry.create(policy) for _ in range(routers)]
+    heard: list[list[str]] = [[] for _ in pols]
+    for k, pol in enumerate(pols):
+        if hasattr(pol, "on_peer_load"):
+            inner = pol.on_peer_load
+
+            def spy(router_id, report, _k=k, _inner=inner):
+                heard[_k].append(router_id)
+                _inner(router_id, report)
+            pol.on_peer_load = spy
+    cfg = SimConfig(routers=routers) if peer_interval_s == "default" else SimConfig(routers=routers,
+                                                                                    peer_interval_s=peer_interval_s)
+    res = Simulation([H100] * 2, pols, reqs_with_sessions(), cfg).run()
+    return heard, [(r.req.index, r.router, r.replica, r.first_token_s, r.finish_s) for r in res.records]
+
+
+def test_routers_exchange_load_reports_every_100ms_by_default_and_0_turns_it_off():
+    """As deployed: the live router writes its load record every 0.1 s (--peer-load-interval-s)."""
+    assert SimConfig().peer_interval_s == 0.1
+    heard, _ = _heard("default")
+    # ~4 s of arrivals plus the drain: dozens of reports each way, every one from the other router.
+    assert len(heard[0]) >= 30 and len(heard[1]) >= 30
+    assert set(heard[0]) == {"router-1"} and set(heard[1]) == {"router-0"}
+    assert len(_heard(0.5)[0][0]) < len(heard[0]) / 3
+    for off in (0, 0.0, None):
+        assert _heard(off)[0] == [[], []]
+
+
+def test_reports_change_the_tidegate_routing_and_leave_baselines_alone():
+    assert _heard("default")[1] != _heard(0)[1]
+    for policy in ("llmd", "sglang_cache_aware", "least_request"):
+        assert not callable(getattr(registry.create(policy), "take_report", None))
+        assert _heard("default", policy)[1] == _heard(0, policy)[1] == _heard(None, policy)[1]
+
+
+@pytest.mark.parametrize("bad", [-0.1, math.nan, math.inf, -math.inf])
+def test_config_refuses_a_negative_or_non_finite_peer_interval(bad):
+    with pytest.raises(ValueError, match="peer_interval_s"):
+        SimConfig(peer_interval_s=bad)

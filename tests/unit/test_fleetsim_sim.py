@@ -11,6 +11,7 @@ from tidegate.fleetsim import results, workload
 from tidegate.fleetsim.agent import CumulativeHistogram, RollingWindow
 from tidegate.fleetsim.sim import SimConfig, Simulation
 from tidegate.policy import registry
+from tidegate.policy.admission import AdmissionConfig
 from tidegate.policy.registry import RouteInfo
 from tidegate.simulator.profiles import get_profile
 from tidegate.v1 import records_pb2
@@ -81,12 +82,18 @@ def test_tables_reach_the_router_after_the_propagation_delay():
     assert [d.delivered_s for d in res.deliveries] == sorted(d.delivered_s for d in res.deliveries)
 
 
-def test_no_table_yet_means_no_replica():
+@pytest.mark.parametrize("admission", [None, AdmissionConfig()])
+def test_no_table_yet_means_no_replica(admission):
     # No warm-up: the first report is at most 1 s in, the first tick with it at <= 1.5 s, and its
     # table lands 2 s later. Requests before that find no routable replica; later ones are served.
-    cfg = SimConfig(warmup_s=0.0, propagation_s=2.0)
+    cfg = SimConfig(warmup_s=0.0, propagation_s=2.0, admission=admission)
     reqs = [workload.SimRequest(i, i * 0.1, 200, 20) for i in range(60)]  # 0 .. 5.9 s
     res = run(cfg=cfg, reqs=reqs)
+    # Refused at once, and counted in the time to reject like the admission's rejections.
+    s = results.summarize(res, policy="tidegate", load=None, slo_ttft_s=2, slo_tpot_s=0.1)
+    refused = [r for r in res.records if r.rejected == "no_replica"]
+    assert refused and all(r.reject_s == r.req.arrival_s for r in refused)
+    assert s["rejected_within_50ms"] == len(refused)
     first_routable = min(d.delivered_s for d in res.deliveries
                          if any(e.weight > 0 for e in d.entries))
     assert 2.0 < first_routable <= 3.5 + 1e-9
