@@ -12,6 +12,7 @@ from tidegate.fleetsim.sim import SimConfig, Simulation
 from tidegate.policy import registry
 from tidegate.policy.admission import REASONS, AdmissionConfig, ClassLimits
 from tidegate.policy.admission_budget import BudgetConfig, Tokens
+from tidegate.policy.classes import class_of
 from tidegate.simulator.profiles import get_profile
 
 H100 = get_profile("llama3-8b-h100")
@@ -102,8 +103,42 @@ def test_several_routers_each_hold_their_own_queue() -> None:
 
 def test_budgets_are_split_among_the_routers_enforced_and_released() -> None:
     """The control plane's budget code splits the pool's total between the two routers (shares
-    sum to it), each router's ledger holds what it dispatched, and all of it returns by the end."""
-    s = sim(AdmissionConfig(), routers=2, budgets=BudgetConfig())
+    sum to it); every dispatch a router makes while it holds something fits its share times the
+    request's class fraction, the share does turn requests away, and all of it returns by the end."""
+    # Class fractions cut so the share binds on this load (at the defaults a router peaks at 28 %
+    # of its share here and the check below would pass with no enforcement at all).
+    tight = BudgetConfig(class_fraction={"critical": 0.25, "standard": 0.2, "sheddable": 0.15})
+    s = sim(AdmissionConfig(), routers=2, budgets=tight)
+    # Watch each router's ledger: what it held and its share at every acquire, and every refusal.
+    dispatches: list[tuple[Tokens, Tokens, Tokens | None, float]] = []
+    refusals = 0
+    sending: list[str] = []
+    send = s._send
+
+    def sending_class(router, rec, features, exclude):  # noqa: ANN001, ANN202
+        sending.append(class_of(features.priority))
+        try:
+            send(router, rec, features, exclude)
+        finally:
+            sending.pop()
+
+    s._send = sending_class  # type: ignore[method-assign]
+    for router in s.routers:
+        ledger = router.budgets.get("sim")
+        acquire, allows = ledger.acquire_tokens, ledger.allows
+
+        def watched_acquire(t: Tokens, ledger=ledger, acquire=acquire):  # noqa: ANN001, ANN202
+            dispatches.append((ledger.held, t, ledger.share, ledger.class_fraction[sending[-1]]))
+            return acquire(t)
+
+        def watched_allows(cls: str, prompt_tokens: int, max_tokens: int = 0, allows=allows) -> bool:  # noqa: ANN001
+            nonlocal refusals
+            ok = allows(cls, prompt_tokens, max_tokens)
+            refusals += not ok
+            return ok
+
+        ledger.acquire_tokens = watched_acquire  # type: ignore[method-assign]
+        ledger.allows = watched_allows  # type: ignore[method-assign]
     res = s.run()
     assert s._budget_written is not None
     rec = s._budget_written[0]
@@ -112,6 +147,14 @@ def test_budgets_are_split_among_the_routers_enforced_and_released() -> None:
     for unit in ("prefill_tokens", "sequences"):
         shares = sum(getattr(b.share, unit) for b in ledgers)
         assert shares == pytest.approx(getattr(rec.total, unit), rel=1e-6)
+    # Enforced: a router holding something sends a request only within its class's part of the
+    # share; only an empty ledger (or no share yet) lets one through regardless.
+    bound = [(held, t, share, f) for held, t, share, f in dispatches if share is not None and held.sequences > 0]
+    assert len(bound) > 100
+    for held, t, share, f in bound:
+        assert all(a <= b * f + 1e-9 for a, b in zip((held + t).values(), share.values(), strict=True))
+    # ... and it binds: the share refused requests that the queue then held or shed.
+    assert refusals > 0
     assert all(b.held == Tokens() and b.queued == Tokens() for b in ledgers)
     assert sum(1 for r in res.records if r.finish_s is not None) > 0
 
