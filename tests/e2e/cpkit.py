@@ -64,7 +64,21 @@ class ControlPlaneProc:
         return f"127.0.0.1:{self.port}"
 
 
-async def start_cp(etcd: str, cp_id: str, tmp: Path, *extra: str) -> ControlPlaneProc:
+async def kill_and_reap(proc: asyncio.subprocess.Process, timeout_s: float = 10.0) -> None:
+    """SIGKILL `proc` if it still runs and wait for it, bounded: an unreaped child stays a zombie
+    and, until it is gone, its port may still be taken when the next test binds."""
+    if proc.returncode is None:
+        try:
+            proc.kill()
+        except ProcessLookupError:  # it exited between the check and the kill
+            pass
+    try:
+        await asyncio.wait_for(proc.wait(), timeout_s)
+    except TimeoutError:
+        raise AssertionError(f"process {proc.pid} did not exit {timeout_s} s after SIGKILL") from None
+
+
+async def start_cp(etcd: str, cp_id: str, tmp: Path, *extra: str, ready_s: float = 15.0) -> ControlPlaneProc:
     log = tmp / f"{cp_id}.log"
     with log.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
@@ -74,11 +88,13 @@ async def start_cp(etcd: str, cp_id: str, tmp: Path, *extra: str) -> ControlPlan
             stdout=asyncio.subprocess.PIPE, stderr=err, start_new_session=True)
     assert proc.stdout is not None
     try:
-        line = await asyncio.wait_for(proc.stdout.readline(), 15)
+        line = await asyncio.wait_for(proc.stdout.readline(), ready_s)
     except TimeoutError:
-        proc.kill()
+        await kill_and_reap(proc)
         raise AssertionError("control plane did not print its port: " + log.read_text()[-2000:]) from None
-    assert line, "control plane exited: " + log.read_text()[-2000:]
+    if not line:
+        await kill_and_reap(proc)
+        raise AssertionError("control plane exited: " + log.read_text()[-2000:])
     event = json.loads(line)
     assert event["event"] == "listening" and event["port"] > 0
     return ControlPlaneProc(proc, cp_id, event["port"], log)
@@ -90,8 +106,7 @@ async def stop_cp(cp: ControlPlaneProc) -> int:
         try:
             return await asyncio.wait_for(cp.proc.wait(), 10)
         except TimeoutError:
-            cp.proc.kill()
-            await cp.proc.wait()
+            await kill_and_reap(cp.proc)
             raise
     return cp.proc.returncode
 
