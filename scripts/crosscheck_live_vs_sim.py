@@ -26,7 +26,7 @@
    rate is printed for both: live from the engines' vllm:prefix_cache_queries/hits counters
    over the replay, virtual from the results' prefix_hit_rate.
 Exit status 1 when any of them differs by more than --tolerance (default 15 %) or a live
-request failed.
+request failed; 2 when an engine's /metrics could not be read (10 s per read), with the engine named.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from pathlib import Path
 import aiohttp
 
 from tidegate.fleet import loadgen, report, traces
-from tidegate.fleet.crosscheck import PROBE_SALT_BASE, prefix_counters, virtual_trace, write_workload
+from tidegate.fleet.crosscheck import PROBE_SALT_BASE, CountersError, prefix_counters, virtual_trace, write_workload
 from tidegate.fleet.up import Fleet, UpConfig
 from tidegate.simulator.engine import Engine
 from tidegate.simulator.profiles import get_profile
@@ -132,6 +132,9 @@ def main() -> int:
         hop_after_ms = asyncio.run(transport_floor_ms(info["router_url"], args.profile, floor_tokens,
                                                       salt_base=PROBE_SALT_BASE - 1000))
         hop_ms = (hop_before_ms + hop_after_ms) / 2
+    except CountersError as exc:
+        print(f"crosscheck: cannot read the engines' prefix-cache counters: {exc}", file=sys.stderr)
+        return 2
     finally:
         fleet.stop()
     live = report.build(results, sent=sent, duration_s=1.0, slo_ttft_ms=2000, slo_tpot_ms=100, replicas=[],

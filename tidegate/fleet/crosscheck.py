@@ -71,13 +71,25 @@ def virtual_trace(trace: list[traces.TraceRequest]) -> list[dict]:
             for i, r in enumerate(trace)]
 
 
-async def prefix_counters(engine_urls: list[str]) -> tuple[float, float]:
-    """(queries, hits) in tokens, summed over the engines' /metrics."""
+class CountersError(RuntimeError):
+    """An engine's /metrics could not be read (unreachable, slow, an error status)."""
+
+
+async def prefix_counters(engine_urls: list[str], timeout_s: float = 10.0) -> tuple[float, float]:
+    """(queries, hits) in tokens, summed over the engines' /metrics. Each read is bounded by
+    `timeout_s` (a stuck engine would otherwise hang the cross-check with its fleet up); a read
+    that fails raises CountersError naming the engine: a partial sum would skew the hit rate."""
     queries = hits = 0.0
-    async with aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
         for url in engine_urls:
-            async with s.get(url + "/metrics") as r:
-                text = await r.text()
+            try:
+                async with s.get(url + "/metrics") as r:
+                    r.raise_for_status()
+                    text = await r.text()
+            except TimeoutError:
+                raise CountersError(f"{url}/metrics: no answer within {timeout_s:g} s") from None
+            except aiohttp.ClientError as exc:
+                raise CountersError(f"{url}/metrics: {exc}") from exc
             for fam in text_string_to_metric_families(text):
                 for sample in fam.samples:
                     if sample.name == "vllm:prefix_cache_queries_total":
