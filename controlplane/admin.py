@@ -258,6 +258,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     async def _change_intent(self, verb: str, request: Any, context: grpc.aio.ServicerContext,
                              principal: Principal) -> admin_pb2.IntentResponse:
+        """Cordon, uncordon or drain every selected replica, one after the other (sorted ids), each
+        landing on its own: there is no transaction over several replicas. When etcd fails, the
+        term ends or a stored intent is corrupt midway, what landed before stays landed, and the
+        call aborts with a status whose message says which replicas changed, which one was being
+        written (it may or may not have landed: the failure may come after the write, e.g. while
+        its tables are published) and which were not attempted; running the command again is safe
+        (done ones answer "already ...")."""
         selector = request.selector
         if not selector.replica_ids and not selector.labels:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -272,9 +279,18 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         budgets = {} if verb == "uncordon" or force else await self._budgets(context)
         members = self._members() if budgets else []
         taking_out: set[str] = set()
-        results = []
+        results: list[admin_pb2.IntentResult] = []
+        selected = self._select(selector)
+        writing = ""   # the replica whose write was sent last: if unanswered, it may have landed
+
+        def partial() -> str:
+            msg = _partial(verb, selected, results, writing, request.dry_run)
+            if msg:
+                log.warning("intent_partial", verb=verb, detail=msg, actor=principal.actor)
+            return msg
+
         try:
-            for rid in self._select(selector):
+            for rid in selected:
                 kv = await self._store.get(keys.intent(rid))
                 current = codec.decode(kv.value, records_pb2.ReplicaIntent) if kv else None
                 out_now = bool(current and (current.cordoned or current.draining))
@@ -310,7 +326,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 fence = self._fence()
                 if fence is None:
                     await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                        f"control plane {self._id} is no longer the leader; retry")
+                                        f"control plane {self._id} is no longer the leader; retry{partial()}")
+                writing = rid
                 if verb == "uncordon":
                     # Uncordon also ends a drain, like `kubectl uncordon`.
                     await self._store.delete_fenced(keys.intent(rid), fence)
@@ -326,11 +343,11 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         except FencedError as e:
             self._on_fenced(str(e))
             await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"control plane {self._id} is no longer the leader; retry")
+                                f"control plane {self._id} is no longer the leader; retry{partial()}")
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}{partial()}")
         except codec.DecodeError as e:
-            await context.abort(grpc.StatusCode.DATA_LOSS, str(e))
+            await context.abort(grpc.StatusCode.DATA_LOSS, f"{e}{partial()}")
         for r in results:
             log.info("intent_result", verb=verb, replica_id=r.replica_id, changed=r.changed,
                      refused=r.refused, message=r.message, actor=principal.actor)
@@ -476,6 +493,31 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         slos = await self._pool_slos(context)
         chosen = [slos[p] for p in sorted(slos) if not request.pool or p == request.pool]
         return admin_pb2.GetPoolSloResponse(slos=chosen)
+
+
+def _partial(verb: str, selected: list[str], results: list[admin_pb2.IntentResult], writing: str,
+             dry_run: bool) -> str:
+    """What an intent change over `selected` that failed midway did, for the abort message: the
+    operator must know which replicas changed before acting again. `writing`: the replica whose
+    write was sent last (if it has no result, the write may have landed)."""
+    if not selected:
+        return ""
+    if dry_run:
+        return " [dry run: nothing changed]"
+    done = {"cordon": "cordoned", "uncordon": "uncordoned", "drain": "draining"}[verb]
+    answered = {r.replica_id for r in results}
+    landed = [r.replica_id for r in results if r.changed]
+    unchanged = [r.replica_id for r in results if not r.changed]
+    unknown = [writing] if writing and writing not in answered else []
+    untried = [r for r in selected if r not in answered and r not in unknown]
+    parts = [f"{done} before the failure (these stand): {', '.join(landed) or 'none'}"]
+    if unchanged:
+        parts.append(f"left as they were: {', '.join(unchanged)}")
+    if unknown:
+        parts.append(f"written when it failed, may or may not have landed: {', '.join(unknown)}")
+    if untried:
+        parts.append(f"not attempted: {', '.join(untried)}")
+    return f" [partial {verb}: {'; '.join(parts)}; running it again is safe]"
 
 
 def _event_reason(verb: str, request: Any, force: bool) -> str:
