@@ -1,4 +1,8 @@
-"""`tidegate cordon ID...|--selector k=v`: no new requests to the replicas; in-flight ones finish."""
+"""`tidegate cordon ID...|--selector k=v`: no new requests to the replicas; in-flight ones finish.
+
+The replicas are cordoned one by one on the leader, with no all-or-nothing: if it fails midway the
+command exits 1 and the error names those cordoned (they stay so), the one being written and those
+not attempted (controlplane/admin.py); running it again finishes the job."""
 
 from __future__ import annotations
 
