@@ -5,7 +5,7 @@ candidate that cannot matter). Here the plain version lives on: the formulas of 
 slo_pick.py and affinity.py written straightforwardly, read against the policy's own state after
 every hook. Random pools, SLOs, prompts and hook sequences (hypothesis) must give the same
 predictions (every field, exactly), the same picks (replica, reason, score, candidate count, the
-same draws from the RNG) and the same prefix block ids.
+same draws from the RNG) and the same prefix block ids, with and without peers' load reports.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidegate.policy.peer_load import LearnedBlocks, PeerReport, ReplicaLoadReport
 from tidegate.policy.predict import DEFAULT_RATES, Prediction, Rates, ReplicaLoad, pool_rates, predict
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets
 from tidegate.policy.slo_pick import BAND_C, COST_RESOLUTION, MIN_SHARE, TidegatePolicy
@@ -120,10 +121,26 @@ def ref_predictions(pol: TidegatePolicy, snap: PoolSnapshot, request: RequestFea
         own = pol._own.get(x.replica_id)
         queued, decoding, kv, keys, stalled = (own.queued, own.decoding, own.kv, own.stall_keys, own.stalled_s) \
             if own is not None else (0.0, 0, 0.0, [], 0.0)
-        scale = 1.0 / share
         cap = float(max(0, x.kv_capacity_tokens))
-        kv_used = max(kv * scale, cap - max(0, x.kv_free_tokens)) if cap > 0 else kv * scale
-        load = ReplicaLoad(queued * scale, decoding * scale, kv_used, cap, keys, stalled, scale)
+        if pol._peers:
+            # Peers' last reports, summed in the order they came, added to ours unscaled; every
+            # router's stall keys there count once each.
+            peer_queued, peer_decoding, peer_kv = 0.0, 0, 0.0
+            for report in pol._peers.values():
+                r = report.get(x.replica_id)
+                if r is not None:
+                    peer_queued += r.queued_prefill
+                    peer_decoding += r.decoding
+                    peer_kv += r.kv
+            theirs = [k for ks in own.peer_keys.values() for k in ks] if own is not None else []
+            kv = kv + peer_kv
+            kv_used = max(kv, cap - max(0, x.kv_free_tokens)) if cap > 0 else kv
+            load = ReplicaLoad(queued + peer_queued, decoding + peer_decoding, kv_used, cap, sorted(keys + theirs),
+                               stalled, 1.0)
+        else:
+            scale = 1.0 / share
+            kv_used = max(kv * scale, cap - max(0, x.kv_free_tokens)) if cap > 0 else kv * scale
+            load = ReplicaLoad(queued * scale, decoding * scale, kv_used, cap, keys, stalled, scale)
         preds.append(ref_predict(x.replica_id, load, rates[x.replica_id], request.prompt_tokens,
                                  ref_cached_tokens(pol, x.replica_id, request), out, remaining, slo.ttft_s,
                                  slo.tpot_s))
@@ -198,7 +215,15 @@ request_st = st.builds(
               st.integers(0, 40), st.lists(st.integers(0, 2), max_size=6)),
     st.sampled_from((0, 64, 512)))
 op_st = st.tuples(st.sampled_from(("pick", "pick", "pick", "first", "complete", "output")), request_st,
-                  st.integers(0, 1_000), st.booleans(), slo_st)
+                  st.integers(0, 1_000), st.booleans(), slo_st, st.none())
+# Peers' reports: load on some replicas (some of them in no pool), stall budgets at risk.
+report_st = st.dictionaries(
+    st.sampled_from([f"r{i}" for i in range(12)]),
+    st.builds(ReplicaLoadReport, st.floats(0, 200_000), st.integers(0, 5), st.integers(0, 30), st.floats(0, 500_000),
+              st.floats(0, 50), st.lists(st.floats(0.001, 30), max_size=6).map(lambda b: tuple(sorted(b)))),
+    max_size=4)
+peer_op_st = st.tuples(st.sampled_from(("pick", "pick", "pick", "first", "complete", "output", "peer", "peer",
+                                        "forget")), request_st, st.integers(0, 1_000), st.booleans(), slo_st, report_st)
 
 
 def check_pick(pol: TidegatePolicy, snap: PoolSnapshot, request: RequestFeatures, seed: int):
@@ -219,6 +244,17 @@ def check_pick(pol: TidegatePolicy, snap: PoolSnapshot, request: RequestFeatures
 @given(pools=st.lists(pool_st, min_size=1, max_size=3), ops=st.lists(op_st, min_size=1, max_size=60),
        policy_slo=slo_st)
 def test_pick_and_predictions_match_the_plain_formulation(pools, ops, policy_slo):
+    run_scenario(pools, ops, policy_slo)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pools=st.lists(pool_st, min_size=1, max_size=3), ops=st.lists(peer_op_st, min_size=8, max_size=60),
+       policy_slo=slo_st)
+def test_pick_and_predictions_with_peers_match_the_plain_formulation(pools, ops, policy_slo):
+    run_scenario(pools, ops, policy_slo)
+
+
+def run_scenario(pools, ops, policy_slo) -> None:
     pol = TidegatePolicy(policy_slo)
     flights: list[tuple[RequestFeatures, str]] = []
     capacity: dict[str, float] = {}
@@ -231,8 +267,18 @@ def test_pick_and_predictions_match_the_plain_formulation(pools, ops, policy_slo
             assert pol._table[1] == pool_rates(entries)
         assert pol._capacity == capacity
 
-    for k, (kind, (prompt, out, hashes, block), n, flag, slo) in enumerate(ops):
+    for k, (kind, (prompt, out, hashes, block), n, flag, slo, report) in enumerate(ops):
+        # The in-flight count the share reads is kept by the hooks: it is the plain sum.
+        assert pol._inflight == sum(o.waiting + o.decoding for o in pol._own.values())
         entries = pools[n % len(pools)]
+        if kind == "peer":
+            # Blocks a peer placed: the request's own, on one replica (cached there for every router).
+            learned = (LearnedBlocks(f"r{n % 10}", tuple(ref_chained(hashes)), float(block or 64)),) if hashes else ()
+            pol.on_peer_load(f"p{n % 2}", PeerReport(report, learned))
+            continue
+        if kind == "forget":
+            pol.forget_peer(f"p{n % 2}")
+            continue
         if kind == "pick":
             request = RequestFeatures(prompt_tokens=prompt, max_tokens=out, prefix_hashes=hashes, req_id=f"q{k}",
                                       prefix_block_tokens=block)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from itertools import accumulate, chain, groupby, repeat, takewhile
+from itertools import accumulate, groupby, repeat
 from operator import and_
 
 from tidegate.policy.baselines.prefix_blocks import LruBlocks, chained_keys, leading_matches
@@ -27,6 +27,9 @@ from tidegate.policy.baselines.prefix_blocks import LruBlocks, chained_keys, lea
 HOME_TOKENS = 1024
 # Index capacity when the table does not say how much KV a replica has.
 DEFAULT_CAPACITY_TOKENS = 400_000
+# Sets of replicas (bitmasks) whose ids PrefixIndex keeps listed; past this it starts over (a pool
+# of n replicas has at most 2^n, the picks meet only those its prompts' prefixes are held by).
+_MAX_NAMED_MASKS = 4096
 _MASK = (1 << 64) - 1
 
 
@@ -80,6 +83,8 @@ class PrefixIndex:
         self._holders: dict[int, int] = {}     # key -> bits of the replicas whose LRU holds it
         self._bit: dict[str, int] = {}         # replica id -> its bit
         self._by_bit: dict[int, str] = {}
+        # bitmask -> the ids of its replicas, lowest bit first (a bit never changes hands).
+        self._names: dict[int, tuple[str, ...]] = {}
 
     def cached_tokens(self, replica_id: str, blocks: PrefixBlocks) -> int:
         idx = self._lru.get(replica_id)
@@ -93,23 +98,37 @@ class PrefixIndex:
         if not keys or not self._bit:
             return {}
         # The replicas that hold each of the first i keys, for i = 0, 1, ...: a running AND of
-        # the keys' holders, computed by itertools in C, stopped where no replica is left. It only
-        # ever loses bits, in runs of equal values: a replica's count is where its bit goes.
-        held = accumulate(map(self._holders.get, keys, repeat(0)), and_, initial=(1 << len(self._bit)) - 1)
-        tpb, by_bit = blocks.tokens_per_block, self._by_bit
+        # the keys' holders, computed by itertools in C. It only ever loses bits, in runs of
+        # equal values: a replica's count is where its bit goes. Once no replica is left, the
+        # rest of the keys are not looked up (groupby and accumulate are lazy).
+        alive = (1 << len(self._bit)) - 1
+        tpb, names = blocks.tokens_per_block, self._names_of
         out: dict[str, int] = {}
-        alive, n = 0, -1     # the initial value stands for no key
-        # A last, empty run with no replica left ends the ones still holding every key.
-        for mask, run in chain(groupby(takewhile(bool, held)), ((0, ()),)):
-            lost, alive = alive & ~mask, mask
+        n = -1     # keys before the current run (the initial value stands for no key)
+        for mask, run in groupby(accumulate(map(self._holders.get, keys, repeat(0)), and_, initial=alive)):
+            lost = alive & ~mask
             if lost and n:
-                tokens = int(n * tpb)
-                while lost:
-                    bit = lost & -lost
-                    out[by_bit[bit]] = tokens
-                    lost ^= bit
+                out.update(dict.fromkeys(names(lost), int(n * tpb)))
+            if not mask:
+                return out
+            alive = mask
             n += len(list(run))
+        if n:   # those left hold every key
+            out.update(dict.fromkeys(names(alive), int(n * tpb)))
         return out
+
+    def _names_of(self, mask: int) -> tuple[str, ...]:
+        ids = self._names.get(mask)
+        if ids is None:
+            if len(self._names) >= _MAX_NAMED_MASKS:
+                self._names.clear()
+            found, m = [], mask
+            while m:
+                bit = m & -m
+                found.append(self._by_bit[bit])
+                m ^= bit
+            ids = self._names[mask] = tuple(found)
+        return ids
 
     def learn(self, replica_id: str, blocks: PrefixBlocks, capacity_tokens: float) -> list[int]:
         """The request's blocks are now cached on the replica; returns the keys new there."""

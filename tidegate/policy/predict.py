@@ -171,21 +171,19 @@ def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int
     return Prediction(*predict_rows((load,), prompt_tokens, output_tokens, remaining_output, ttft_slo_s, tpot_slo_s)[0])
 
 
-# Positions in predict_rows' tuples of the fields the pick decides on (Prediction's field order).
-CACHED, TTFT, TPOT, KV_WAIT, COST = 1, 3, 4, 5, 7
-
-
 def predict_rows(loads: Iterable[tuple], prompt_tokens: int, output_tokens: float, remaining_output: float,
                  ttft_slo_s: float, tpot_slo_s: float) -> list[tuple]:
     """`predict` for one request on many replicas, as plain tuples in Prediction's field order.
 
     Each load is (replica_id, queued_prefill, decoding, kv_used, kv_capacity, stall_keys, stalled_s,
-    per_key, rates, cached_tokens), ReplicaLoad's fields in its order. The pick runs this on every
-    candidate for every request (the router's per-request cost), so what does not depend on the
+    per_key, rates, cached_tokens), ReplicaLoad's fields in its order. What does not depend on the
     replica is computed once, step_s, prefill_budget and pushed_out are written out, and no object
     is built per candidate. `max(0.0, x)` is written `x if x > 0.0 else 0.0`, which returns the same
     value in every case (NaN and -0.0 included: both give 0.0), so the figures are bit-for-bit
-    predict's as README.md states them (tests/unit/test_pick_equivalence.py keeps that version)."""
+    predict's as README.md states them (tests/unit/test_pick_equivalence.py keeps that version).
+    The pick (slo_pick.TidegatePolicy._scan) writes these same formulas out once more inside its
+    loop over the candidates, reading its own load state directly, so that it builds no load
+    tuple per candidate (the router's per-request cost: docs/BENCHMARKS.md)."""
     prompt = int(prompt_tokens)
     output = output_tokens if output_tokens > 0.0 else 0.0
     remaining = remaining_output if remaining_output > 1.0 else 1.0

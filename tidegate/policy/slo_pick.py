@@ -27,10 +27,12 @@ completes: predictions are then pessimistic for that replica, never optimistic.
 from __future__ import annotations
 
 import bisect
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import itemgetter
 
 from tidegate.policy.affinity import PrefixBlocks, PrefixIndex
 from tidegate.policy.peer_load import (
@@ -43,18 +45,7 @@ from tidegate.policy.peer_load import (
     sum_peers,
 )
 from tidegate.policy.pick import Pick
-from tidegate.policy.predict import (
-    CACHED,
-    COST,
-    DEFAULT_RATES,
-    KV_WAIT,
-    TPOT,
-    TTFT,
-    Prediction,
-    Rates,
-    pool_rates,
-    predict_rows,
-)
+from tidegate.policy.predict import CHUNK_TOKENS, DEFAULT_RATES, Prediction, Rates, pool_rates
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets, make_pick
 
 # Bounded load: affinity (cache reuse, the prefix's home) may cost at most this factor of the
@@ -115,6 +106,8 @@ class _Own:
 
 # A replica with none of this router's requests on it (read only).
 _IDLE = _Own()
+# The pick's rows are (cost, cached, replica id, ttft, tpot, kv_wait) (TidegatePolicy._scan).
+_COST, _CACHED = itemgetter(0), itemgetter(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +116,9 @@ class _Candidates:
 
     entries: tuple[RouteInfo, ...]
     exclude: frozenset[str]
-    rows: list[tuple[str, Rates, float, float | None]]   # id, rates, KV capacity, KV used by the table
+    # id, prefill tokens/s, base step s, per-sequence step s, KV capacity, KV used by the table
+    # (None when the capacity is unknown): the rates' figures unpacked once per table, not per pick.
+    rows: list[tuple[str, float, float, float, float, float | None]]
     table: int                                           # running + waiting over the candidates
     by_id: dict[str, RouteInfo]                          # every entry of the table
 
@@ -139,6 +134,8 @@ class TidegatePolicy:
         self.band_c = band_c
         self._index = PrefixIndex()
         self._own: dict[str, _Own] = {}
+        # waiting + decoding summed over self._own, kept by the hooks (_own_share reads it per pick).
+        self._inflight = 0
         self._flights: dict[tuple[object, str], _Flight] = {}
         self._seen = 0
         self._mean_prefill = 0.0
@@ -182,7 +179,7 @@ class TidegatePolicy:
         """This router's share of the pool's in-flight requests: its own in-flight count over the
         table's running + waiting (`table`), both summed over the pool (one replica's noise does
         not decide), clamped to [MIN_SHARE, 1]. About 1 with one router, about 1/N with N alike."""
-        own = sum(o.waiting + o.decoding for o in self._own.values())
+        own = self._inflight
         if table <= 0 or own <= 0:
             return 1.0
         return min(1.0, max(MIN_SHARE, own / table))
@@ -214,15 +211,19 @@ class TidegatePolicy:
             cap = float(max(0, e.kv_capacity_tokens))
             # _load's KV: the table's figure takes part only when the capacity is known.
             reported = cap - max(0, e.kv_free_tokens) if cap > 0 else None
-            rows.append((e.replica_id, rates[e.replica_id], cap, reported))
+            r = rates[e.replica_id]
+            rows.append((e.replica_id, r.prefill_tps, r.step_base_s, r.step_per_seq_s, cap, reported))
             table += max(0, e.running) + max(0, e.waiting)
         self._cands = _Candidates(snapshot.entries, snapshot.exclude, rows, table,
                                   {e.replica_id: e for e in snapshot.entries})
         return self._cands
 
-    def _rows(self, snapshot: PoolSnapshot, request: RequestFeatures) -> list[tuple]:
-        """`predictions` as predict_rows' tuples (the pick builds no Prediction): one per
-        candidate, in replica-id order. Sets what on_dispatch reads of the last pick.
+    def _scan(self, snapshot: PoolSnapshot, request: RequestFeatures,
+              full: bool) -> tuple[list[tuple], list[tuple], float]:
+        """Every candidate's prediction, in replica-id order; those predicted to meet both targets
+        with KV room to spare, and their least cost (inf: none). `full`: rows in Prediction's field
+        order (`predictions`; no fitting ones); else only what the pick decides on, (cost, cached,
+        replica id, ttft, tpot, kv_wait). Sets what on_dispatch reads of the last pick.
 
         A replica's load is this router's own in-flight work there, scaled up to the whole
         pool's: own / share. Own counts are exact and fresh but only this router's part; the
@@ -231,82 +232,144 @@ class TidegatePolicy:
         pick, every router sees the same mix and makes the same kind of choices (the same prefix
         homes above all), so the pool's load on a replica is about N times this router's. KV,
         which moves slowly, takes the larger of that and the table's figure. Others' sequences
-        there count as ours times (scale - 1), as close to their targets (per_key = scale)."""
+        there count as ours times (scale - 1), as close to their targets (per_key = scale).
+        With peers' reports, their load is added to ours instead (ours exact and fresh, theirs a
+        report old), and our stall keys include theirs (per_key = 1).
+
+        The prediction is predict.predict's (README.md), written out here once per candidate:
+        this loop is most of the router's per-request cost, so what does not depend on the
+        replica is computed once per request (or per table: `_candidates`), no object or load
+        tuple is built per candidate, `max(0.0, x)` is written `x if x > 0.0 else 0.0` (the same
+        value in every case, NaN and -0.0 included), and a term that is 0.0 whenever it is
+        skipped is not added (the sums it would enter are > 0 or NaN, so adding 0.0 changes
+        nothing). The figures are predict's bit for bit: tests/unit/test_pick_equivalence.py
+        checks every field against the plain formulation."""
         cands = self._candidates(snapshot)
         if not cands.rows:
-            return []
+            return [], [], math.inf
         slo = snapshot.slo or self.slo
+        ttft_slo, tpot_slo = slo.ttft_s, slo.tpot_s
         blocks = self._blocks(request)
         out = self._output(request)
+        output = out if out > 0.0 else 0.0
         remaining = max(1.0, self._mean_output / 2)
         share = self._own_share(cands.table)
-        self._share, self._tpot_slo_s = share, slo.tpot_s
-        cached = self._index.cached_tokens_all(blocks)
+        self._share, self._tpot_slo_s = share, tpot_slo
+        cached_of = self._index.cached_tokens_all(blocks).get
         own_of = self._own.get
-        loads = []
         if self._peers:
-            # Peers report their own load: ours (exact, fresh) plus theirs (a report old). Our
-            # stall keys stand for the sequences of every router there (per_key).
-            peer_of = self._peer_sum.get
-            for rid, rates, cap, reported in cands.rows:
-                own = own_of(rid) or _IDLE
-                peer = peer_of(rid, NO_PEER_LOAD)
-                kv = own.kv + peer.kv
-                kv_used = reported if reported is not None and reported > kv else kv   # max(kv, reported)
-                loads.append((rid, own.queued + peer.queued_prefill, own.decoding + peer.decoding, kv_used, cap,
-                              own.all_keys(), own.stalled_s, 1.0, rates, cached.get(rid, 0)))
+            peer_of, scale, per_key = self._peer_sum.get, 1.0, 1.0
         else:
-            scale = 1.0 / share
-            for rid, rates, cap, reported in cands.rows:
-                own = own_of(rid) or _IDLE
-                kv = own.kv * scale
-                kv_used = reported if reported is not None and reported > kv else kv   # max(kv, reported)
-                loads.append((rid, own.queued * scale, own.decoding * scale, kv_used, cap, own.stall_keys,
-                               own.stalled_s, scale, rates, cached.get(rid, 0)))
-        return predict_rows(loads, request.prompt_tokens, out, remaining, slo.ttft_s, slo.tpot_s)
+            peer_of, scale = None, 1.0 / share
+            per_key = scale if scale > 1.0 else 1.0
+        prompt = int(request.prompt_tokens)
+        top = prompt - 1
+        tiny = prompt < 1
+        ceil, bisect_right, idle = math.ceil, bisect.bisect_right, _IDLE
+        rows: list[tuple] = []
+        fit: list[tuple] = []
+        # The fitting ones' costs are finite (ttft and tpot within finite targets), so this is
+        # min() over them, the same value.
+        best = math.inf
+        for rid, tps, base, per_seq, cap, reported in cands.rows:
+            own = own_of(rid, idle)
+            if peer_of is None:
+                queued, batch, keys = own.queued * scale, own.decoding * scale, own.stall_keys
+            else:
+                peer = peer_of(rid, NO_PEER_LOAD)
+                queued, batch, keys = own.queued + peer.queued_prefill, own.decoding + peer.decoding, own.all_keys()
+            # max(0, min(cached, prompt - 1)) and max(1, prompt - cached): cached_tokens_all's
+            # figures are >= 0, so only prompts under 1 token need more than the first clamp.
+            cached = cached_of(rid, 0)
+            if cached > top:
+                cached = top
+            u = prompt - cached           # uncached prompt tokens, >= 1
+            if tiny:
+                cached, u = 0, 1
+            if not queued > 0.0:
+                queued = 0.0
+            work = queued + u
+            if not batch > 0.0:
+                batch = 0.0
+            step = base + per_seq * batch
+            prefill_s = work / tps
+            ttft = prefill_s + ceil(work / CHUNK_TOKENS) * step
+            kv_wait = 0.0
+            if cap > 0:   # then the table's KV figure is known (not None)
+                kv = own.kv * scale if peer_of is None else own.kv + peer.kv
+                kv_used = reported if reported > kv else kv   # max(kv, reported)
+                shortfall = work + output - (cap - (kv_used if kv_used > 0.0 else 0.0))
+                if shortfall > 0:
+                    # The KV in use drains as its sequences finish, over about `remaining` steps each.
+                    kv_wait = shortfall / ((1.0 if 1.0 > kv_used else kv_used) / (remaining * step))
+                    ttft += kv_wait
+            step_joined = base + per_seq * (batch + 1)     # step_s(batch + 1): the batch it joins
+            tpot = step_joined + prefill_s / remaining
+            cost = ttft / ttft_slo + tpot / tpot_slo
+            pushed = 0.0
+            if keys:
+                stall = u / tps
+                if not stall <= 0:   # pushed_out's test, NaN included
+                    stalled = own.stalled_s
+                    # (an int times a float: the float product of float(int), bit for bit)
+                    pushed = (bisect_right(keys, stalled + stall) - bisect_right(keys, stalled)) * per_key
+                    cost += pushed
+            if full:
+                budget = (tpot_slo - step_joined) * tps    # prefill_budget(rates, batch + 1, tpot_slo)
+                if not budget > 0.0:
+                    budget = 0.0
+                rows.append((rid, cached, u, ttft, tpot, kv_wait, pushed, cost, queued, budget, tps))
+            else:
+                row = (cost, cached, rid, ttft, tpot, kv_wait)
+                rows.append(row)
+                if ttft <= ttft_slo and tpot <= tpot_slo and kv_wait <= 0:
+                    fit.append(row)
+                    if cost < best:
+                        best = cost
+        return rows, fit, best
 
     def predictions(self, snapshot: PoolSnapshot, request: RequestFeatures) -> list[Prediction]:
         """One per candidate, in replica-id order: what `pick` decides on."""
-        return [Prediction(*row) for row in self._rows(snapshot, request)]
+        return [Prediction(*row) for row in self._scan(snapshot, request, True)[0]]
 
     # ------------------------------------------------------------------ decision
 
     def pick(self, snapshot: PoolSnapshot, request: RequestFeatures, rng: random.Random) -> Pick | None:
-        preds = self._rows(snapshot, request)   # Prediction's fields, by position (predict.CACHED...)
+        # Rows (cost, cached, replica id, ttft, tpot, kv_wait); `fit` meet both targets with KV room.
+        preds, fit, best = self._scan(snapshot, request, False)
         if not preds:
             return None
         by_id = self._cands.by_id
         if len(preds) == 1:
-            return make_pick(by_id[preds[0][0]], "only_candidate", preds[0][COST], 1)
-        slo = snapshot.slo or self.slo
-        ttft_slo, tpot_slo = slo.ttft_s, slo.tpot_s
-        ttft_ok = [p for p in preds if p[TTFT] <= ttft_slo]
-        fit = [p for p in ttft_ok if p[TPOT] <= tpot_slo and p[KV_WAIT] <= 0]
-        if not fit:
-            fit = [p for p in ttft_ok if p[TPOT] <= tpot_slo]
+            return make_pick(by_id[preds[0][2]], "only_candidate", preds[0][0], 1)
         reason = "slo_fit"
         if not fit:
-            # The request's own first token first; then its decoders' TPOT; then the least bad.
-            fit, reason = ttft_ok, "no_tpot_fit"
-        if not fit:
-            fit, reason = [p for p in preds if p[TPOT] <= tpot_slo], "no_ttft_fit"
-        if not fit:
-            fit, reason = preds, "no_fit"
-        best = min(p[COST] for p in fit)
+            slo = snapshot.slo or self.slo
+            ttft_slo, tpot_slo = slo.ttft_s, slo.tpot_s
+            ttft_ok = [p for p in preds if p[3] <= ttft_slo]
+            fit = [p for p in ttft_ok if p[4] <= tpot_slo]
+            if not fit:
+                # The request's own first token first; then its decoders' TPOT; then the least bad.
+                fit, reason = ttft_ok, "no_tpot_fit"
+            if not fit:
+                fit, reason = [p for p in preds if p[4] <= tpot_slo], "no_ttft_fit"
+            if not fit:
+                fit, reason = preds, "no_fit"
+            best = min(map(_COST, fit))
         blocks = self._blocks(request)
         if blocks.home_key is not None:
             limit = self.band_c * best
-            band = [p for p in fit if p[COST] <= limit]
+            band = [p for p in fit if p[0] <= limit]
             # min over (-cached, -rank, cost): only those with the most cached tokens can win, so
             # the others' ranks are not computed (min keeps the first of equals either way).
-            most = max(p[CACHED] for p in band)
-            band = [p for p in band if p[CACHED] == most]
+            most = max(map(_CACHED, band))
+            band = [p for p in band if p[1] == most]
             key, rank = blocks.home_key, self._index.rank
-            chosen = band[0] if len(band) == 1 else min(band, key=lambda p: (-rank(p[0], key), p[COST]))
+            chosen = band[0] if len(band) == 1 else min(band, key=lambda p: (-rank(p[2], key), p[0]))
         else:
-            ties = [p for p in fit if p[COST] <= best + COST_RESOLUTION]
+            ties = [p for p in fit if p[0] <= best + COST_RESOLUTION]
             chosen = ties[rng.randrange(len(ties))] if len(ties) > 1 else ties[0]
-        return make_pick(by_id[chosen[0]], reason, chosen[COST], len(preds))
+        return make_pick(by_id[chosen[2]], reason, chosen[0], len(preds))
 
     # ------------------------------------------------------------------ router-local state (hooks)
 
@@ -330,6 +393,7 @@ class TidegatePolicy:
         own = self._own.setdefault(replica_id, _Own())
         own.queued += prefill
         own.waiting += 1
+        self._inflight += 1
         own.kv += kv
         rates = self._table[1].get(replica_id, DEFAULT_RATES) if self._table is not None else DEFAULT_RATES
         placed = prefill / rates.prefill_tps
@@ -417,9 +481,11 @@ class TidegatePolicy:
             return
         f.started = True
         own = self._own[replica_id]
+        before = own.waiting + own.decoding
         own.queued = max(0.0, own.queued - f.prefill)
         own.waiting = max(0, own.waiting - 1)
         own.decoding += 1
+        self._inflight += own.waiting + own.decoding - before
 
     def on_output(self, request: RequestFeatures, replica_id: str, output_tokens: int) -> None:
         """Learn how long outputs really are: their mean and the share of max_tokens they use."""
@@ -435,11 +501,13 @@ class TidegatePolicy:
         if f is None:
             return
         own = self._own[replica_id]
+        before = own.waiting + own.decoding
         if f.started:
             own.decoding = max(0, own.decoding - 1)
         else:
             own.queued = max(0.0, own.queued - f.prefill)
             own.waiting = max(0, own.waiting - 1)
+        self._inflight += own.waiting + own.decoding - before
         own.kv = max(0.0, own.kv - f.kv)
         i = bisect.bisect_left(own.stall_keys, f.stall_key)
         if i < len(own.stall_keys) and own.stall_keys[i] == f.stall_key:
