@@ -107,11 +107,11 @@ class SimulateConfig(ConfigBase, AdmissionFields):
     routers: tuple[int, ...] = Field((1,), description="Routers, each with its own policy instance, in-flight "
                                                       "counts and table; comma-separated for one run set per "
                                                       "count (e.g. 1,4).")
-    peer_ms: float = Field(100.0, ge=0, allow_inf_nan=False,
+    peer_ms: float = Field(50.0, ge=0, allow_inf_nan=False,
                            description="With several routers, each whose policy exchanges load reports (tidegate) "
                                        "publishes its per-replica load and newly placed prefix blocks to its "
-                                       "peers every N ms, as the live router's load record (default 100, like "
-                                       "the router's --peer-load-interval-s 0.1); 0: off, routers share nothing.")
+                                       "peers every N ms, as the live router's load record (default 50, like "
+                                       "the router's --peer-load-interval-s 0.05); 0: off, routers share nothing.")
     router_spread: str = Field("rr", description="How requests reach the routers: rr (round-robin, like an L4 "
                                                  "balancer) or hash (by session key: the first prefix hash).")
     max_requests: int | None = Field(None, ge=1, description="Replay only the first M requests of the trace.")

@@ -21,7 +21,7 @@ What runs, and with which real code:
   in-flight counts summed;
 - with several routers, each whose policy has `take_report` (`tidegate`) hands its per-replica
   load and newly placed prefix blocks to its peers' `on_peer_load` every `peer_interval_s`
-  (default 0.1 s, the live router's `--peer-load-interval-s`; 0: off), delivered
+  (default 0.05 s, the live router's `--peer-load-interval-s`; 0: off), delivered
   `propagation_s` later, as the live router's etcd load record; other policies share nothing;
 - a router may poll every engine's queue and KV itself (`scrape_interval_s`, else the policy's
   own `scrape_interval_s` attribute: `llmd` polls every 50 ms as llm-d's endpoint picker does);
@@ -119,11 +119,11 @@ class SimConfig:
     routers: int = 1
     router_spread: str = "rr"           # rr | hash (see the module doc)
     # With several routers, how often each publishes its own per-replica load and learned prefix
-    # blocks to its peers (the live router's load record, written every 0.1 s by default:
+    # blocks to its peers (the live router's load record, written every 0.05 s by default:
     # RouterConfig.peer_load_interval_s); it reaches them `propagation_s` later. Only policies
     # with `take_report` publish. 0 or None: routers share nothing, and policies scale their own
     # load up to the pool's.
-    peer_interval_s: float | None = 0.1
+    peer_interval_s: float | None = 0.05
     # Requests carry no max_tokens (as from clients that set no cap): the replay's max_tokens is
     # otherwise the true output length, which no real client knows in advance.
     hide_max_tokens: bool = False

@@ -105,7 +105,7 @@ class RouterConfig(ConfigBase, EtcdFields, AdmissionFields):
         "their own; the tidegate policy spares decoders whose TPOT a placement would break.")
 
     peer_load_interval_s: float = Field(
-        0.1, ge=0, description="How often this router writes its per-replica load and newly placed prefix blocks "
+        0.05, ge=0, description="How often this router writes its per-replica load and newly placed prefix blocks "
         "to etcd for its peers (router-load/<id>, under its presence lease; only when something changed), and "
         "reads theirs: with several routers, each counts the others' load and learns their prefix blocks. "
         "Seconds; 0: off (each router sees only its own requests).")

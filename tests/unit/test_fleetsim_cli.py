@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tidegate.fleetsim import main as simulate
+from tidegate.router.main import RouterConfig
 from tidegate.simulator.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,7 +192,7 @@ def test_bench_tables_renders_a_capacity_table(tmp_path):
 
 
 def test_peer_reports_default_to_the_live_routers_100ms_and_0_turns_them_off():
-    assert simulate._sim_config(simulate.SimulateConfig(), 4).peer_interval_s == 0.1
+    assert simulate._sim_config(simulate.SimulateConfig(), 4).peer_interval_s == RouterConfig().peer_load_interval_s
     assert simulate._sim_config(simulate.SimulateConfig(peer_ms=250), 4).peer_interval_s == 0.25
     assert simulate._sim_config(simulate.SimulateConfig(peer_ms=0), 4).peer_interval_s == 0.0
     for bad in ("-1", "nan"):

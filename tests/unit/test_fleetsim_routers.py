@@ -10,6 +10,7 @@ from tidegate.controlplane.publisher import routing_key
 from tidegate.fleetsim import results, workload
 from tidegate.fleetsim.sim import CLIENT_ERROR, SimConfig, Simulation, servable, session_router
 from tidegate.policy import registry
+from tidegate.router.main import RouterConfig
 from tidegate.simulator.profiles import get_profile
 from tidegate.v1 import records_pb2
 
@@ -248,7 +249,7 @@ def _heard(peer_interval_s, policy: str = "tidegate", routers: int = 2) -> tuple
 
 def test_routers_exchange_load_reports_every_100ms_by_default_and_0_turns_it_off():
     """As deployed: the live router writes its load record every 0.1 s (--peer-load-interval-s)."""
-    assert SimConfig().peer_interval_s == 0.1
+    assert SimConfig().peer_interval_s == RouterConfig().peer_load_interval_s   # as deployed
     heard, _ = _heard("default")
     # ~4 s of arrivals plus the drain: dozens of reports each way, every one from the other router.
     assert len(heard[0]) >= 30 and len(heard[1]) >= 30
