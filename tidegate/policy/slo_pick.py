@@ -4,8 +4,9 @@ affinity that pays only while it helps. Formulas and reasons: README.md.
 Pipeline per request (pure: snapshot + request + rng in, pick out):
 
 1. candidates  routable (weight > 0) and not excluded (registry.PoolSnapshot.candidates);
-2. load        per replica, in tokens: this router's own in-flight work (fed by its hooks),
-               scaled to the pool's by this router's share of the table's in-flight (`_load`);
+2. load        per replica, in tokens: this router's own in-flight work (fed by its hooks)
+               plus what its peer routers last reported there (`on_peer_load`); before any
+               peer reports, its own scaled to the pool's by its share of the table's in-flight;
 3. predict     TTFT, TPOT and the SLO budget the placement uses up (predict.py) on each
                candidate, with the prompt tokens expected to hit that replica's prefix cache
                (affinity.PrefixIndex) taken off its prefill;
