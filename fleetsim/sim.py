@@ -38,7 +38,10 @@ What runs, and with which real code:
   reason (`rejected` = queue_full, deadline_unmeetable, shed, queue_timeout, at `reject_s`). The
   live router pumps on every first token, completion and table change; here a router with held
   requests pumps every `wake_s` of virtual time and at each arrival it takes (engine events are
-  seen when the engines are advanced, which happens then). Held time counts in TTFT.
+  seen when the engines are advanced, which happens then). Held time counts in TTFT. With
+  several routers, each one's held prefill tokens per class (`held_tokens`) ride with its peer
+  load report to the others' `on_peer_held` (class order across routers; the live router's load
+  record does not carry them yet);
 - admission budgets (SimConfig.budgets, with admission): every control-plane tick the real
   `controlplane.admission_budgets.BudgetPublisher.compute` splits the pool's budget among the
   routers by the demand each reports (what its presence record carries: held + queued + refused),
@@ -674,14 +677,18 @@ class Simulation:
         so first tokens and completions that happened are in it)."""
         self._advance(self.now)
         report = self.routers[k].policy.take_report()  # type: ignore[attr-defined]
-        self._push(self.now + self.cfg.propagation_s, _PEER_DELIVER, (k, report))
+        queue = self.routers[k].queue  # admission: the tokens it holds per class ride along
+        held = None if queue is None else queue.held_tokens()
+        self._push(self.now + self.cfg.propagation_s, _PEER_DELIVER, (k, report, held))
         self._push(self.now + self.cfg.peer_interval_s, _PEER_PUBLISH, k)  # type: ignore[operator]
 
-    def _peer_deliver(self, payload: tuple[int, dict]) -> None:
-        k, report = payload
+    def _peer_deliver(self, payload: tuple[int, dict, dict[str, float] | None]) -> None:
+        k, report, held = payload
         for j, router in enumerate(self.routers):
             if j != k:
                 router.policy.on_peer_load(f"router-{k}", report)  # type: ignore[attr-defined]
+                if held is not None and router.queue is not None:
+                    router.queue.on_peer_held(f"router-{k}", held)
 
     def _deliver(self, payload: tuple[float, tuple[RouteInfo, ...]]) -> None:
         computed, entries = payload

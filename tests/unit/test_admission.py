@@ -195,6 +195,62 @@ def test_an_urgent_request_that_cannot_go_does_not_block_the_class_order() -> No
     assert sent == ["c"] and "s" in q
 
 
+@pytest.mark.parametrize(("case", "peer", "cls", "action"), [
+    ("a peer holds a higher class: wait behind it", {"critical": 500.0}, "standard", HOLD),
+    ("a peer holds standard: sheddable waits", {"standard": 500.0}, "sheddable", HOLD),
+    ("a peer holds the same class: go (else every router waits for another)", {"standard": 500.0}, "standard",
+     DISPATCH),
+    ("a peer holds only lower classes: go", {"sheddable": 500.0}, "standard", DISPATCH),
+    ("critical never waits for peers", {"critical": 500.0, "standard": 1.0}, "critical", DISPATCH),
+    ("a peer that holds nothing", {}, "sheddable", DISPATCH),
+    ("zero tokens count as nothing", {"critical": 0.0}, "standard", DISPATCH),
+])
+def test_arrival_waits_while_a_peer_holds_a_higher_class(case: str, peer: dict, cls: str, action: str) -> None:
+    q = AdmissionQueue(cfg())
+    q.on_peer_held("router-1", peer)
+    assert q.arrive("new", cls, 0.0, 2.0, place(0.5)).action == action, case
+
+
+def test_a_peers_held_class_holds_back_only_our_non_urgent_lower_heads_until_it_is_gone() -> None:
+    q = AdmissionQueue(cfg())
+    held(q, "sheddable", "s")                   # deadline 2.0, predicted TTFT 0.1: urgent from 1.7
+    q.on_peer_held("router-1", {"standard": 2000.0})
+    q.on_peer_held("router-2", {"sheddable": 9000.0})
+    assert q.candidates(0.5) == []
+    sent: list[str] = []
+    adm.pump(q, 0.5, lambda h: place(0.1), lambda h, d: sent.append(h.key), lambda h, d: pytest.fail("reject"))
+    assert sent == [] and "s" in q
+    assert [h.key for h in q.candidates(1.75)] == ["s"]     # urgent: a stale report cannot make it miss
+    q.on_peer_held("router-1", {})              # the peer's standard requests went
+    assert [h.key for h in q.candidates(0.5)] == ["s"]
+    q.on_peer_held("router-1", {"critical": 1.0})
+    q.forget_peer("router-1")                   # its presence expired
+    assert [h.key for h in q.candidates(0.5)] == ["s"]
+
+
+def test_held_tokens_are_what_peers_are_told() -> None:
+    q = AdmissionQueue(cfg())
+    assert q.held_tokens() == {}
+    held(q, "standard", "a", tokens=300)
+    held(q, "standard", "b", tokens=200)
+    held(q, "sheddable", "c", tokens=50)
+    assert q.held_tokens() == {"standard": 500.0, "sheddable": 50.0}
+    q.remove("c")
+    h, d = q.try_head(0.1, place(0.5))  # type: ignore[misc]
+    assert (h.key, d.action) == ("a", DISPATCH)
+    assert q.held_tokens() == {"standard": 200.0}
+    peer = AdmissionQueue(cfg())
+    peer.on_peer_held("router-0", q.held_tokens())
+    assert peer.arrive("x", "sheddable", 0.2, 2.2, place(0.5)).action == HOLD
+
+
+@pytest.mark.parametrize("bad", [{"gold": 1.0}, {"standard": -1.0}, {"critical": float("nan")},
+                                 {"critical": float("inf")}])
+def test_peer_held_rejects_garbage(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        AdmissionQueue(cfg()).on_peer_held("router-1", bad)
+
+
 def test_a_held_request_that_cannot_make_it_behind_its_own_class_is_rejected() -> None:
     q = AdmissionQueue(cfg())
     held(q, "standard", "a", tokens=9000)       # 0.9 s of prefill at the predicted 10k tokens/s

@@ -150,7 +150,7 @@ def test_budgets_are_split_among_the_routers_enforced_and_released() -> None:
     # Enforced: a router holding something sends a request only within its class's part of the
     # share; only an empty ledger (or no share yet) lets one through regardless.
     bound = [(held, t, share, f) for held, t, share, f in dispatches if share is not None and held.sequences > 0]
-    assert len(bound) > 100
+    assert len(bound) > 50  # 75 since lower classes wait while the peer holds higher ones (admission.py)
     for held, t, share, f in bound:
         assert all(a <= b * f + 1e-9 for a, b in zip((held + t).values(), share.values(), strict=True))
     # ... and it binds: the share refused requests that the queue then held or shed.
