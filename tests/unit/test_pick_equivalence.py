@@ -19,6 +19,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidegate.policy.affinity import PrefixBlocks, PrefixIndex
 from tidegate.policy.peer_load import LearnedBlocks, PeerReport, ReplicaLoadReport
 from tidegate.policy.predict import DEFAULT_RATES, Prediction, Rates, ReplicaLoad, pool_rates, predict
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets
@@ -343,3 +344,20 @@ def test_the_harness_sees_a_different_decision():
         differed |= want[0] != got.replica_id
         pol.on_dispatch(request, got.replica_id)
     assert differed
+
+
+@settings(max_examples=300, deadline=None)
+@given(learned=st.lists(st.tuples(st.integers(0, 5), st.integers(0, len(DOCS) - 1), st.integers(0, 40),
+                                  st.lists(st.integers(0, 2), max_size=4), st.sampled_from((64.0, 512.0))),
+                        max_size=30),
+       capacity=st.sampled_from((0.0, 600.0, 2_000.0, 30_000.0)), probe=request_st)
+def test_cached_tokens_of_the_whole_pool_match_one_replica_at_a_time(learned, capacity, probe):
+    """PrefixIndex.cached_tokens_all (one walk for the pool) against cached_tokens per replica, with
+    LRUs small enough to evict the heads of prefixes (a replica may hold key i but not key i - 1)."""
+    index = PrefixIndex()
+    for rid, doc, cut, tail, tpb in learned:
+        index.learn_keys(f"r{rid}", ref_chained(DOCS[doc][:cut] + tuple(tail)), tpb, capacity)
+    prompt, _, hashes, block = probe
+    blocks = PrefixBlocks(hashes, prompt, block)
+    want = {f"r{i}": index.cached_tokens(f"r{i}", blocks) for i in range(6)}
+    assert index.cached_tokens_all(blocks) == {rid: n for rid, n in want.items() if n}

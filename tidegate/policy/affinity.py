@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from itertools import accumulate, groupby, repeat
-from operator import and_
+from itertools import groupby, repeat
 
 from tidegate.policy.baselines.prefix_blocks import LruBlocks, chained_keys, leading_matches
 
@@ -97,24 +96,25 @@ class PrefixIndex:
         keys = blocks.keys
         if not keys or not self._bit:
             return {}
-        # The replicas that hold each of the first i keys, for i = 0, 1, ...: a running AND of
-        # the keys' holders, computed by itertools in C. It only ever loses bits, in runs of
-        # equal values: a replica's count is where its bit goes. Once no replica is left, the
-        # rest of the keys are not looked up (groupby and accumulate are lazy).
+        # The replicas that hold each of the first i keys: a running AND of the keys' holders. The
+        # holders come in runs of equal values (a prompt's blocks are learned together), which
+        # itertools finds in C; the AND changes at most once per run, where the replicas that
+        # lack that run's keys drop out with the count of keys before it. Once none is left, the
+        # rest of the keys are not looked up (map and groupby are lazy).
         alive = (1 << len(self._bit)) - 1
         tpb, names = blocks.tokens_per_block, self._names_of
         out: dict[str, int] = {}
-        n = -1     # keys before the current run (the initial value stands for no key)
-        for mask, run in groupby(accumulate(map(self._holders.get, keys, repeat(0)), and_, initial=alive)):
+        n = 0      # keys before the current run
+        for mask, run in groupby(map(self._holders.get, keys, repeat(0))):
             lost = alive & ~mask
-            if lost and n:
-                out.update(dict.fromkeys(names(lost), int(n * tpb)))
-            if not mask:
-                return out
-            alive = mask
+            if lost:
+                if n:
+                    out.update(dict.fromkeys(names(lost), int(n * tpb)))
+                alive &= mask
+                if not alive:
+                    return out
             n += len(list(run))
-        if n:   # those left hold every key
-            out.update(dict.fromkeys(names(alive), int(n * tpb)))
+        out.update(dict.fromkeys(names(alive), int(n * tpb)))   # those left hold every key
         return out
 
     def _names_of(self, mask: int) -> tuple[str, ...]:
