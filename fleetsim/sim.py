@@ -39,9 +39,9 @@ What runs, and with which real code:
   live router pumps on every first token, completion and table change; here a router with held
   requests pumps every `wake_s` of virtual time and at each arrival it takes (engine events are
   seen when the engines are advanced, which happens then). Held time counts in TTFT. With
-  several routers, each one's held prefill tokens per class (`held_tokens`) ride with its peer
-  load report to the others' `on_peer_held` (class order across routers; the live router's load
-  record does not carry them yet);
+  several routers, what each one's queue holds (`held_report`: prefill tokens per class, its
+  critical head's slack) rides with its peer load report to the others' `on_peer_held` (class
+  order across routers; the live router's load record does not carry it yet);
 - admission budgets (SimConfig.budgets, with admission): every control-plane tick the real
   `controlplane.admission_budgets.BudgetPublisher.compute` splits the pool's budget among the
   routers by the demand each reports (what its presence record carries: held + queued + refused),
@@ -678,17 +678,17 @@ class Simulation:
         self._advance(self.now)
         report = self.routers[k].policy.take_report()  # type: ignore[attr-defined]
         queue = self.routers[k].queue  # admission: the tokens it holds per class ride along
-        held = None if queue is None else queue.held_tokens()
+        held = None if queue is None else queue.held_report(self.now)
         self._push(self.now + self.cfg.propagation_s, _PEER_DELIVER, (k, report, held))
         self._push(self.now + self.cfg.peer_interval_s, _PEER_PUBLISH, k)  # type: ignore[operator]
 
-    def _peer_deliver(self, payload: tuple[int, dict, dict[str, float] | None]) -> None:
+    def _peer_deliver(self, payload: tuple[int, dict, adm.HeldReport | None]) -> None:
         k, report, held = payload
         for j, router in enumerate(self.routers):
             if j != k:
                 router.policy.on_peer_load(f"router-{k}", report)  # type: ignore[attr-defined]
                 if held is not None and router.queue is not None:
-                    router.queue.on_peer_held(f"router-{k}", held)
+                    router.queue.on_peer_held(f"router-{k}", held, self.now)
 
     def _deliver(self, payload: tuple[float, tuple[RouteInfo, ...]]) -> None:
         computed, entries = payload

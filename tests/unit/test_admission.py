@@ -19,6 +19,7 @@ from tidegate.policy.admission import (
     AdmissionConfig,
     AdmissionQueue,
     ClassLimits,
+    HeldReport,
     Placement,
     placement,
 )
@@ -203,52 +204,73 @@ def test_an_urgent_request_that_cannot_go_does_not_block_the_class_order() -> No
     ("a peer holds only lower classes: go", {"sheddable": 500.0}, "standard", DISPATCH),
     ("critical never waits for peers", {"critical": 500.0, "standard": 1.0}, "critical", DISPATCH),
     ("a peer that holds nothing", {}, "sheddable", DISPATCH),
-    ("zero tokens count as nothing", {"critical": 0.0}, "standard", DISPATCH),
 ])
 def test_arrival_waits_while_a_peer_holds_a_higher_class(case: str, peer: dict, cls: str, action: str) -> None:
     q = AdmissionQueue(cfg())
-    q.on_peer_held("router-1", peer)
+    q.on_peer_held("router-1", HeldReport(peer), 0.0)
     assert q.arrive("new", cls, 0.0, 2.0, place(0.5)).action == action, case
 
 
 def test_a_peers_held_class_holds_back_only_our_non_urgent_lower_heads_until_it_is_gone() -> None:
     q = AdmissionQueue(cfg())
     held(q, "sheddable", "s")                   # deadline 2.0, predicted TTFT 0.1: urgent from 1.7
-    q.on_peer_held("router-1", {"standard": 2000.0})
-    q.on_peer_held("router-2", {"sheddable": 9000.0})
+    q.on_peer_held("router-1", HeldReport({"standard": 2000.0}), 0.5)
+    q.on_peer_held("router-2", HeldReport({"sheddable": 9000.0}), 0.5)
     assert q.candidates(0.5) == []
     sent: list[str] = []
     adm.pump(q, 0.5, lambda h: place(0.1), lambda h, d: sent.append(h.key), lambda h, d: pytest.fail("reject"))
     assert sent == [] and "s" in q
     assert [h.key for h in q.candidates(1.75)] == ["s"]     # urgent: a stale report cannot make it miss
-    q.on_peer_held("router-1", {})              # the peer's standard requests went
+    q.on_peer_held("router-1", HeldReport({}), 0.5)     # the peer's standard requests went
     assert [h.key for h in q.candidates(0.5)] == ["s"]
-    q.on_peer_held("router-1", {"critical": 1.0})
+    q.on_peer_held("router-1", HeldReport({"critical": 1.0}, critical_slack_s=0.1), 0.5)
+    assert q.candidates(0.5) == []
     q.forget_peer("router-1")                   # its presence expired
     assert [h.key for h in q.candidates(0.5)] == ["s"]
 
 
-def test_held_tokens_are_what_peers_are_told() -> None:
+def test_held_report_is_what_peers_are_told() -> None:
     q = AdmissionQueue(cfg())
-    assert q.held_tokens() == {}
+    assert q.held_report(0.0) == HeldReport({}, None)
     held(q, "standard", "a", tokens=300)
     held(q, "standard", "b", tokens=200)
     held(q, "sheddable", "c", tokens=50)
-    assert q.held_tokens() == {"standard": 500.0, "sheddable": 50.0}
+    held(q, "critical", "k", tokens=10)         # deadline 2.0, predicted TTFT 0.1: last start 1.9
+    assert q.held_report(0.4) == HeldReport({"critical": 10.0, "standard": 500.0, "sheddable": 50.0}, 1.5)
     q.remove("c")
+    q.remove("k")
     h, d = q.try_head(0.1, place(0.5))  # type: ignore[misc]
     assert (h.key, d.action) == ("a", DISPATCH)
-    assert q.held_tokens() == {"standard": 200.0}
+    assert q.held_report(0.1) == HeldReport({"standard": 200.0}, None)
     peer = AdmissionQueue(cfg())
-    peer.on_peer_held("router-0", q.held_tokens())
+    peer.on_peer_held("router-0", q.held_report(0.1), 0.2)
     assert peer.arrive("x", "sheddable", 0.2, 2.2, place(0.5)).action == HOLD
 
 
-@pytest.mark.parametrize("bad", [{"gold": 1.0}, {"standard": -1.0}, {"critical": float("nan")},
-                                 {"critical": float("inf")}])
-def test_peer_held_rejects_garbage(bad: dict) -> None:
+def test_a_peers_critical_head_short_of_slack_stops_our_lower_classes_even_when_urgent() -> None:
+    """The one-router rule (nothing before a critical head with < 2 x urgent_s of slack) across
+    routers: the peer's last start is the delivery time plus the slack it sent."""
+    q = AdmissionQueue(cfg())
+    held(q, "standard", "d")                    # last start 1.9: urgent from 1.7
+    q.on_peer_held("router-1", HeldReport({"critical": 500.0}, critical_slack_s=1.0), 1.0)  # last start 2.0
+    assert q.candidates(1.5) == []              # not urgent, and a peer holds a higher class
+    assert q.candidates(1.75) == []             # urgent, but the peer's head is within 2 x 0.2 s of its own
+    held(q, "critical", "k", now=1.0)           # our own critical head still goes
+    assert [h.key for h in q.candidates(1.75)] == ["k"]
+    q.remove("k")
+    # the peer's head is more than two windows past its last start (gone): the stale report no longer stops us
+    assert [h.key for h in q.candidates(2.45)] == ["d"]
+    q.on_peer_held("router-1", HeldReport({"critical": 500.0}, critical_slack_s=5.0), 1.75)  # plenty of slack
+    assert [h.key for h in q.candidates(1.75)] == ["d"]
+
+
+@pytest.mark.parametrize(("tokens", "slack"), [({"gold": 1.0}, None), ({"standard": -1.0}, None),
+                                                ({"standard": 0.0}, None), ({"critical": float("nan")}, None),
+                                                ({"critical": float("inf")}, None), ({}, float("nan")),
+                                                ({}, float("-inf"))])
+def test_held_report_rejects_garbage(tokens: dict, slack: float | None) -> None:
     with pytest.raises(ValueError):
-        AdmissionQueue(cfg()).on_peer_held("router-1", bad)
+        HeldReport(tokens, slack)
 
 
 def test_a_held_request_that_cannot_make_it_behind_its_own_class_is_rejected() -> None:
