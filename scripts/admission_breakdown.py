@@ -1,0 +1,62 @@
+"""Where each class's requests end up in one `tidegate simulate --admission` run: dispatched at
+arrival or after being held, then met the SLOs or missed TTFT / TPOT; or rejected, at arrival
+(within 50 ms) or late. The run summary gives the totals; this splits them, to tell misses of the
+prediction (dispatched, then late) from admission's own (held, then rejected).
+
+    .venv/bin/python scripts/admission_breakdown.py --trace ../shared/data/traces/AzureLLMInferenceTrace_code.csv \
+        --load 1.2942 --routers 4 --peer-ms 100 [--seed 0] [--slo-ttft 2s]
+
+Always 16 x llama3-8b-h100, policy tidegate, class mix critical=0.2,standard=0.5,sheddable=0.3
+(the setup of docs/BENCHMARKS.md, "Admission and overload").
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+
+from tidegate.fleetsim import main as fm
+from tidegate.policy.classes import CLASSES, class_of
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--load", type=float, required=True)
+    ap.add_argument("--routers", type=int, default=1)
+    ap.add_argument("--peer-ms", type=float, default=50.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--slo-ttft", default="2s")
+    a = ap.parse_args()
+    cfg = fm.SimulateConfig(trace=a.trace, replicas=16, profile=["llama3-8b-h100"], policy=["tidegate"],
+                            admission=True, class_mix="critical=0.2,standard=0.5,sheddable=0.3", load=[a.load],
+                            routers=[a.routers], peer_ms=a.peer_ms, seed=a.seed, slo_ttft=a.slo_ttft)
+    runs: list = []
+    fm.run_matrix(cfg, fm.fleet_profiles(cfg.profile, cfg.replicas), ["tidegate"], fm.base_requests(cfg),
+                  on_run=lambda summary, result: runs.append((summary, result)))
+    summary, result = runs[0]
+    ttft_s, tpot_s = summary["slo"]["ttft_ms"] / 1000.0, summary["slo"]["tpot_ms"] / 1000.0
+    out: dict[str, collections.Counter] = {c: collections.Counter() for c in CLASSES}
+    for r in result.records:
+        cls = class_of(r.req.priority)
+        if r.rejected:
+            when = "at arrival" if r.reject_s is not None and r.reject_s - r.req.arrival_s <= 0.05 else "late"
+            out[cls][f"rejected {r.rejected} {when}"] += 1
+            continue
+        path = "held" if r.dispatch_s is not None and r.dispatch_s > r.req.arrival_s else "direct"
+        if r.ttft_s is None or r.ttft_s > ttft_s:
+            fate = "missed TTFT"
+        elif r.tpot_s is not None and r.tpot_s > tpot_s:
+            fate = "missed TPOT"
+        else:
+            fate = "met"
+        out[cls][f"{path}, {fate}"] += 1
+    for cls in CLASSES:
+        total = sum(out[cls].values())
+        print(f"{cls} ({total}): " + ", ".join(f"{k} {v}" for k, v in sorted(out[cls].items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
