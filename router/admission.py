@@ -117,6 +117,9 @@ class Gate:
         self._metrics = metrics
         self._pools: dict[str, _Pool] = {}
         self._keys = itertools.count()
+        # Per pool, per peer router: its latest held report and when it came (our clock), kept
+        # for a pool whose queue is created (or replaced) after the report.
+        self._peer_held: dict[str, dict[str, tuple[adm.HeldReport, float]]] = {}
 
     @staticmethod
     def applies(policy: object) -> bool:
@@ -127,7 +130,32 @@ class Gate:
         p = self._pools.get(name)
         if p is None or p.policy is not policy:
             p = self._pools[name] = _Pool(name, self.cfg, policy)
+            for peer, (report, at) in self._peer_held.get(name, {}).items():
+                p.queue.on_peer_held(peer, report, at)
         return p
+
+    def held_reports(self) -> dict[str, adm.HeldReport]:
+        """Per pool whose queue holds something: what this router tells its peers."""
+        now = self._clock()
+        return {name: p.queue.held_report(now) for name, p in self._pools.items() if len(p.queue)}
+
+    def on_peer_held(self, peer: str, pool: str, report: adm.HeldReport | None) -> None:
+        """A peer router's latest held report for `pool` (None: it holds nothing there): a held
+        request here may now go, or must let the peer's higher class go first."""
+        now = self._clock()
+        per = self._peer_held.setdefault(pool, {})
+        if report is None:
+            per.pop(peer, None)
+        else:
+            per[peer] = (report, now)
+        p = self._pools.get(pool)
+        if p is None:
+            return
+        if report is None:
+            p.queue.forget_peer(peer)
+        else:
+            p.queue.on_peer_held(peer, report, now)
+        self.wake(pool)
 
     def held(self, pool: str) -> dict[str, int]:
         p = self._pools.get(pool)

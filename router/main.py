@@ -281,8 +281,10 @@ async def serve(cfg: RouterConfig,
     peers: tuple[LoadPublisher, PeerLoadWatcher] | None = None
     if cfg.peer_load_interval_s > 0:
         peers = (LoadPublisher(store, keeper, router_id, proxy.policies, interval_s=cfg.peer_load_interval_s,
-                               on_write=metrics.peer_load_writes.inc),
-                 PeerLoadWatcher(store, router_id, proxy.policy, proxy.policies))
+                               on_write=metrics.peer_load_writes.inc,
+                               held=gate.held_reports if gate is not None else dict),
+                 PeerLoadWatcher(store, router_id, proxy.policy, proxy.policies,
+                                 on_held=gate.on_peer_held if gate is not None else None))
         metrics.peer_routers.set_function(lambda: peers[1].peers if peers is not None else 0)
     tasks: list[asyncio.Task[None]] = []
 

@@ -1,12 +1,13 @@
 """Live routers share their load through etcd (tidegate/policy/peer_load.py says why).
 
 Each router writes one `RouterLoad` record, under its presence lease, at
-/tidegate/v1/router-load/<router_id>: per pool, its own load on each replica and the prefix
-blocks it placed since its previous record. `LoadPublisher` takes the pools' reports every
-interval (0.1 s) and writes only when the load moved or blocks were learned: an idle router
-writes nothing. `PeerLoadWatcher` watches the prefix and hands every other router's record to
-this router's pool policies (`on_peer_load`); a record that goes (its router stopped or lost its
-lease) is forgotten (`forget_peer`).
+/tidegate/v1/router-load/<router_id>: per pool, its own load on each replica, the prefix blocks
+it placed since its previous record and what its admission queue holds (prefill tokens per
+class, its critical head's slack). `LoadPublisher` takes them every interval (0.05 s) and writes
+only when something moved: an idle router writes nothing. `PeerLoadWatcher` watches the prefix
+and hands every other router's record to this router's pool policies (`on_peer_load`) and
+admission queues (`on_held`: higher classes go first across routers); a record that goes (its
+router stopped or lost its lease) is forgotten (`forget_peer`).
 
 The publisher writes with the LeaseKeeper's lease but not through `LeaseKeeper.put`: that
 remembers the value to re-put it after an outage, and logs every failure. A record's learned
@@ -27,11 +28,12 @@ from google.protobuf.message import DecodeError
 
 from tidegate import keys
 from tidegate.errors import StoreError
+from tidegate.policy.admission import HeldReport
 from tidegate.policy.peer_load import LearnedBlocks, PeerReport, ReplicaLoadReport
 from tidegate.store.api import KeyValue, Store
 from tidegate.store.lease import LeaseKeeper
 from tidegate.store.watchcache import WatchCache
-from tidegate.v1.records_pb2 import ReplicaLoad, RouterLoad
+from tidegate.v1.records_pb2 import HeldLoad, ReplicaLoad, RouterLoad
 
 log = structlog.get_logger(__name__)
 
@@ -42,15 +44,20 @@ MAX_RECORD_KEYS = 131_072
 
 Policies = Callable[[], Mapping[str, Any]]   # pool -> policy instance (Proxy.policies)
 PolicyFor = Callable[[str], Any]             # pool -> policy instance, created if new (Proxy.policy)
+Held = Callable[[], Mapping[str, HeldReport]]  # pool -> what the admission queue holds (Gate.held_reports)
+OnHeld = Callable[[str, str, HeldReport | None], None]   # (peer, pool, its report or None: nothing held)
 
 
 # ---------------------------------------------------------------------- record <-> reports (pure)
 
 def load_record(router_id: str, wall_s: float, reports: Mapping[str, PeerReport],
-                max_keys: int = MAX_RECORD_KEYS) -> RouterLoad:
-    """The record of a router's per-pool reports; learned keys past `max_keys` are left out."""
+                max_keys: int = MAX_RECORD_KEYS, held: Mapping[str, HeldReport] | None = None) -> RouterLoad:
+    """The record of a router's per-pool reports and admission queues; learned keys past
+    `max_keys` are left out."""
     rec = RouterLoad(router_id=router_id)
     rec.updated_at.FromNanoseconds(int(wall_s * 1e9))
+    for pool, h in (held or {}).items():
+        rec.pools[pool].held.CopyFrom(HeldLoad(tokens=dict(h.tokens), critical_slack_s=h.critical_slack_s))
     room = max_keys
     for pool, report in reports.items():
         p = rec.pools[pool]
@@ -79,12 +86,23 @@ def peer_reports(rec: RouterLoad) -> dict[str, PeerReport]:
     return out
 
 
+def held_reports(rec: RouterLoad) -> dict[str, HeldReport]:
+    """Per pool whose queue holds something, what the record says it holds. Raises ValueError
+    on an unknown class or a figure out of range (the whole record is refused)."""
+    out = {}
+    for pool, p in rec.pools.items():
+        if p.HasField("held"):
+            slack = p.held.critical_slack_s if p.held.HasField("critical_slack_s") else None
+            out[pool] = HeldReport(dict(p.held.tokens), slack)
+    return out
+
+
 # ---------------------------------------------------------------------- publisher
 
 class LoadPublisher:
     def __init__(self, store: Store, keeper: LeaseKeeper, router_id: str, policies: Policies,
-                 interval_s: float = 0.1, wall: Callable[[], float] = time.time,
-                 on_write: Callable[[], None] = lambda: None) -> None:
+                 interval_s: float = 0.05, wall: Callable[[], float] = time.time,
+                 on_write: Callable[[], None] = lambda: None, held: Held = dict) -> None:
         self._store = store
         self._keeper = keeper
         self._router_id = router_id
@@ -93,9 +111,11 @@ class LoadPublisher:
         self._interval_s = interval_s
         self._wall = wall
         self._on_write = on_write
+        self._held = held
         # What the last landed write said of the load, and under which lease (a new lease has
         # no record yet: the old one went with the old lease).
         self._written: dict[str, Mapping[str, ReplicaLoadReport]] = {}
+        self._written_held: Mapping[str, HeldReport] = {}
         self._written_lease = 0
         self._failing = False
         self.writes = 0   # records written (landed)
@@ -108,13 +128,15 @@ class LoadPublisher:
         record landed. Never raises StoreError: a failed write loses its learned blocks."""
         reports = self._take()   # empties the policies' learned blocks whether or not it lands
         lease = self._keeper.lease_id
+        held = dict(self._held())
         loads = {pool: r.loads for pool, r in reports.items() if r.loads}
         learned = any(r.learned for r in reports.values())
         if not lease:
             return False
-        if not learned and loads == self._written and (lease == self._written_lease or not loads):
+        if (not learned and loads == self._written and held == self._written_held
+                and (lease == self._written_lease or not (loads or held))):
             return False
-        value = load_record(self._router_id, self._wall(), reports).SerializeToString()
+        value = load_record(self._router_id, self._wall(), reports, held=held).SerializeToString()
         try:
             await self._store.put(self._key, value, lease=lease)
         except StoreError as e:   # LeaseNotFoundError too: the keeper finds out on its next refresh
@@ -125,7 +147,7 @@ class LoadPublisher:
         if self._failing:
             self._failing = False
             log.info("peer_load_write_recovered")
-        self._written, self._written_lease = loads, lease
+        self._written, self._written_held, self._written_lease = loads, held, lease
         self.writes += 1
         self._on_write()
         return True
@@ -148,10 +170,12 @@ class LoadPublisher:
 # ---------------------------------------------------------------------- watcher
 
 class PeerLoadWatcher:
-    def __init__(self, store: Store, router_id: str, policy_for: PolicyFor, policies: Policies) -> None:
+    def __init__(self, store: Store, router_id: str, policy_for: PolicyFor, policies: Policies,
+                 on_held: OnHeld | None = None) -> None:
         self._router_id = router_id
         self._policy_for = policy_for
         self._policies = policies
+        self._on_held = on_held
         self._pools: dict[str, frozenset[str]] = {}   # peer router -> the pools of its last record
         self._refused: set[str] = set()               # peers whose last record was refused (logged once)
         self.cache = WatchCache(store, keys.ROUTER_LOADS, on_change=self.on_change)
@@ -169,12 +193,13 @@ class PeerLoadWatcher:
         if peer == self._router_id:
             return
         if kv is None:
-            self._pools.pop(peer, None)
+            gone = self._pools.pop(peer, frozenset())
             self._refused.discard(peer)
-            self._forget(peer, frozenset(self._policies()))
+            self._forget(peer, frozenset(self._policies()) | gone)
             return
         try:
-            reports = peer_reports(RouterLoad.FromString(kv.value))
+            rec = RouterLoad.FromString(kv.value)
+            reports, held = peer_reports(rec), held_reports(rec)
         except (DecodeError, ValueError) as e:
             if peer not in self._refused:   # once per peer until it sends a good one: values not logged
                 self._refused.add(peer)
@@ -185,6 +210,9 @@ class PeerLoadWatcher:
             policy = self._policy_for(pool)
             if hasattr(policy, "on_peer_load"):
                 policy.on_peer_load(peer, report)
+        if self._on_held is not None:
+            for pool in reports:
+                self._on_held(peer, pool, held.get(pool))
         before = self._pools.get(peer, frozenset())
         self._pools[peer] = frozenset(reports)
         self._forget(peer, before - self._pools[peer])
@@ -195,3 +223,5 @@ class PeerLoadWatcher:
             policy = policies.get(pool)
             if policy is not None and hasattr(policy, "forget_peer"):
                 policy.forget_peer(peer)
+            if self._on_held is not None:
+                self._on_held(peer, pool, None)

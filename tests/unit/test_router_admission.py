@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tidegate.policy.admission import AdmissionConfig, ClassLimits
+from tidegate.policy.admission import AdmissionConfig, ClassLimits, HeldReport
 from tidegate.policy.admission_budget import RouterBudget, Tokens
 from tidegate.policy.predict import Prediction
 from tidegate.policy.registry import PoolSnapshot, RouteInfo, SloTargets
@@ -194,3 +194,23 @@ async def test_a_request_rejected_from_the_queue_counts_once_in_metrics_and_in_t
     assert reg.get_sample_value("tidegate_router_admission_queue_wait_seconds_count",
                                 {"model": "m", "priority": "standard", "outcome": "rejected"}) == 1
     g.close()
+
+
+async def test_a_peer_holding_a_higher_class_holds_ours_back_until_it_holds_nothing() -> None:
+    g, _, _ = gate()
+    pol = FakePolicy()                                      # both replicas open
+    # The peer's report comes before this router has a queue for the pool: kept, then applied.
+    g.on_peer_held("router-9", "m", HeldReport({"critical": 2000.0}))
+    t = asyncio.create_task(admit(g, pol, "standard"))
+    await asyncio.sleep(0)
+    assert not t.done() and g.held("m")["standard"] == 1    # the peer's critical goes first
+    assert g.held_reports() == {"m": HeldReport({"standard": 500.0})}   # what this router tells its peers
+    g.on_peer_held("router-9", "m", None)                   # the peer's critical request went
+    assert await asyncio.wait_for(t, 1) == Admitted(frozenset(), True)
+    assert g.held_reports() == {}
+
+
+async def test_a_peer_holding_the_same_class_does_not_hold_ours_back() -> None:
+    g, _, _ = gate()
+    g.on_peer_held("router-9", "m", HeldReport({"standard": 2000.0}))
+    assert await admit(g, FakePolicy(), "standard") == Admitted(frozenset(), False)

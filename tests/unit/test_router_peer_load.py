@@ -13,10 +13,11 @@ import pytest
 import structlog
 
 from tidegate import keys
+from tidegate.policy.admission import HeldReport
 from tidegate.policy.peer_load import LearnedBlocks, PeerReport, ReplicaLoadReport
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo
 from tidegate.policy.slo_pick import TidegatePolicy
-from tidegate.router.peer_load import LoadPublisher, PeerLoadWatcher, load_record, peer_reports
+from tidegate.router.peer_load import LoadPublisher, PeerLoadWatcher, held_reports, load_record, peer_reports
 from tidegate.store.lease import LeaseKeeper
 from tidegate.store.memory import InMemoryStore
 from tidegate.v1.records_pb2 import RouterLoad
@@ -218,3 +219,46 @@ async def test_a_failing_tick_is_logged_and_the_next_one_publishes():
                 t.cancel()
             await asyncio.gather(task, ktask, return_exceptions=True)
     assert [entry["event"] for entry in logs if entry["event"].startswith("peer_load")] == ["peer_load_publish_failed"]
+
+
+# ---------------------------------------------------------------------------- admission queues
+
+def test_what_the_queues_hold_goes_through_the_record():
+    held = {POOL: HeldReport({"critical": 1500.0, "sheddable": 20.0}, 0.25), "other": HeldReport({"standard": 1.0})}
+    rec = RouterLoad.FromString(load_record("r0", 0.0, {POOL: PeerReport({}, ())}, held=held).SerializeToString())
+    assert held_reports(rec) == held
+    assert set(peer_reports(rec)) == {POOL, "other"}     # a pool that only holds is still a pool of the record
+
+
+@pytest.mark.parametrize("held", [
+    {"urgent": 5.0}, {"critical": -1.0}, {"standard": math.inf},
+], ids=["unknown-class", "negative", "inf"])
+def test_garbage_held_tokens_refuse_the_record(held):
+    rec = load_record("r0", 0.0, {})
+    rec.pools[POOL].held.tokens.update(held)
+    with pytest.raises(ValueError):
+        held_reports(rec)
+
+
+async def test_the_publisher_writes_when_the_queue_changes_and_the_watcher_hands_it_on():
+    store = InMemoryStore()
+    keeper, ktask = await _leased(store)
+    queue: dict[str, HeldReport] = {}
+    pub = LoadPublisher(store, keeper, "r0", lambda: {}, held=lambda: queue)
+    seen: list[tuple[str, str, HeldReport | None]] = []
+    watcher = PeerLoadWatcher(store, "r1", lambda pool: TidegatePolicy(), dict,
+                              on_held=lambda peer, pool, r: seen.append((peer, pool, r)))
+    wtask = asyncio.create_task(watcher.run())
+    try:
+        assert not await pub.publish_once()                       # nothing held, nothing placed
+        queue[POOL] = HeldReport({"critical": 800.0}, 1.5)
+        assert await pub.publish_once()
+        await until(lambda: seen == [("r0", POOL, HeldReport({"critical": 800.0}, 1.5))])
+        assert not await pub.publish_once()                       # unchanged
+        queue.clear()                                             # it went: peers must hear so
+        assert await pub.publish_once()
+        await until(lambda: seen[-1] == ("r0", POOL, None))
+    finally:
+        for t in (wtask, ktask):
+            t.cancel()
+        await asyncio.gather(wtask, ktask, return_exceptions=True)

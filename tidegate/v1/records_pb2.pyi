@@ -333,7 +333,7 @@ class RouterLoad(_message.Message):
     def __init__(self, router_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pools: _Optional[_Mapping[str, PoolLoad]] = ...) -> None: ...
 
 class PoolLoad(_message.Message):
-    __slots__ = ("replicas", "learned")
+    __slots__ = ("replicas", "learned", "held")
     class ReplicasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -343,9 +343,26 @@ class PoolLoad(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ReplicaLoad, _Mapping]] = ...) -> None: ...
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LEARNED_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.MessageMap[str, ReplicaLoad]
     learned: _containers.RepeatedCompositeFieldContainer[LearnedBlocks]
-    def __init__(self, replicas: _Optional[_Mapping[str, ReplicaLoad]] = ..., learned: _Optional[_Iterable[_Union[LearnedBlocks, _Mapping]]] = ...) -> None: ...
+    held: HeldLoad
+    def __init__(self, replicas: _Optional[_Mapping[str, ReplicaLoad]] = ..., learned: _Optional[_Iterable[_Union[LearnedBlocks, _Mapping]]] = ..., held: _Optional[_Union[HeldLoad, _Mapping]] = ...) -> None: ...
+
+class HeldLoad(_message.Message):
+    __slots__ = ("tokens", "critical_slack_s")
+    class TokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CRITICAL_SLACK_S_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.ScalarMap[str, float]
+    critical_slack_s: float
+    def __init__(self, tokens: _Optional[_Mapping[str, float]] = ..., critical_slack_s: _Optional[float] = ...) -> None: ...
 
 class ReplicaLoad(_message.Message):
     __slots__ = ("queued_prefill", "waiting", "decoding", "kv", "placed_s", "budgets")
