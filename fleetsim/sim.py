@@ -41,7 +41,7 @@ What runs, and with which real code:
   seen when the engines are advanced, which happens then). Held time counts in TTFT. With
   several routers, what each one's queue holds (`held_report`: prefill tokens per class, its
   critical head's slack) rides with its peer load report to the others' `on_peer_held` (class
-  order across routers; the live router's load record does not carry it yet);
+  order across routers; the live router's load record carries it too, `HeldLoad`);
 - admission budgets (SimConfig.budgets, with admission): every control-plane tick the real
   `controlplane.admission_budgets.BudgetPublisher.compute` splits the pool's budget among the
   routers by the demand each reports (what its presence record carries: held + queued + refused),
