@@ -9,7 +9,11 @@ Inputs per request, from the `tidegate` pick's predictions (predict.py) on every
 its predicted TTFT there, the prefill tokens already outstanding there and that replica's
 prefill budget (what one step may carry within the TPOT target: TPOT protection).
 
-    open         = {r : queued_r == 0  or  queued_r + prefill_r <= budget_r}     (guard on)
+    open         = {r : queued_r == 0  or  queued_r + prefill_r <= budget_r
+                        or (cached_r > 0  and  pushed_out_r == 0)}                (guard on)
+                   (a replica holding the request's prefix, where the pick predicts its prefill
+                   pushes no sequence past the TPOT target, is open over its budget: holding the
+                   request back from it would send it where the whole prompt is prefilled)
     ttft_best    = min_r TTFT_r;    ttft_open = min_{r in open} TTFT_r
     predicted    = sum_r min(prefill_tps_r, budget_r / tpot_slo)  (guard on; else sum_r prefill_tps_r)
     drain        = (served + predicted * 0.1 s) / (held_s + 0.1 s): the prefill tokens/s the queue
@@ -203,7 +207,8 @@ def placement(preds: Sequence[Prediction], tpot_guard: bool = True, tpot_s: floa
         return Placement(math.inf, frozenset(), math.inf, 0.0, 0.0, within_budget)
     best = min(preds, key=lambda p: (p.ttft_s, p.replica_id))
     open_ = [p for p in preds
-             if not tpot_guard or p.queued_prefill <= 0 or p.queued_prefill + p.prefill_tokens <= p.prefill_budget]
+             if not tpot_guard or p.queued_prefill <= 0 or p.queued_prefill + p.prefill_tokens <= p.prefill_budget
+             or (p.cached_tokens > 0 and p.pushed_out <= 0)]
     return Placement(best.ttft_s, frozenset(p.replica_id for p in open_),
                      min((p.ttft_s for p in open_), default=math.inf),
                      sum(drain_tps(p, tpot_guard, tpot_s) for p in preds), float(best.prefill_tokens),
