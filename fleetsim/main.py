@@ -149,6 +149,14 @@ class SimulateConfig(ConfigBase, AdmissionFields):
     def _names(cls, v: Any) -> tuple[str, ...]:
         return _split(v)
 
+    @field_validator("replica_ids")
+    @classmethod
+    def _distinct_ids(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        repeated = sorted({x for x in v if v.count(x) > 1})
+        if repeated:
+            raise ValueError(f"must be distinct; repeated: {', '.join(repeated)}")
+        return v
+
     @field_validator("routers", mode="before")
     @classmethod
     def _router_counts(cls, v: Any) -> tuple[int, ...]:
@@ -473,9 +481,8 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(cfg.log_level, cfg.log_json, process="simulate")
     try:
         profiles = fleet_profiles(cfg.profile, cfg.replicas)
-        if cfg.replica_ids and len(set(cfg.replica_ids)) != len(profiles):
-            raise ValueError(f"--replica-ids names {len(set(cfg.replica_ids))} distinct replicas, the fleet has "
-                             f"{len(profiles)}")
+        if cfg.replica_ids and len(cfg.replica_ids) != len(profiles):
+            raise ValueError(f"--replica-ids names {len(cfg.replica_ids)} replicas, the fleet has {len(profiles)}")
         policies = policy_names(cfg.policy)
         plotter = None
         if cfg.plot is not None:

@@ -198,3 +198,11 @@ def test_peer_reports_default_to_the_live_routers_100ms_and_0_turns_them_off():
     for bad in ("-1", "nan"):
         proc = _run("--requests", "5", "--peer-ms", bad)
         assert proc.returncode == 2 and "peer" in proc.stderr, proc.stderr
+
+
+def test_repeated_replica_ids_are_refused_before_any_work():
+    with pytest.raises(ValueError, match="repeated: a"):
+        simulate.SimulateConfig(replica_ids="a,a,b")
+    # a nonexistent trace is never opened: the ids are refused first, by name
+    proc = _run("--trace", "/nonexistent/trace.csv", "--replicas", "3", "--replica-ids", "a,b,a")
+    assert proc.returncode == 2 and "repeated: a" in proc.stderr and "nonexistent" not in proc.stderr
