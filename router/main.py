@@ -280,11 +280,13 @@ async def serve(cfg: RouterConfig,
                                  interval_s=PRESENCE_INTERVAL_S, budgets=budgets)
     peers: tuple[LoadPublisher, PeerLoadWatcher] | None = None
     if cfg.peer_load_interval_s > 0:
+        watcher = PeerLoadWatcher(store, router_id, proxy.policy, proxy.policies,
+                                  on_held=gate.on_peer_held if gate is not None else None)
         peers = (LoadPublisher(store, keeper, router_id, proxy.policies, interval_s=cfg.peer_load_interval_s,
                                on_write=metrics.peer_load_writes.inc,
-                               held=gate.held_reports if gate is not None else dict),
-                 PeerLoadWatcher(store, router_id, proxy.policy, proxy.policies,
-                                 on_held=gate.on_peer_held if gate is not None else None))
+                               held=gate.held_reports if gate is not None else dict,
+                               alone=lambda: watcher.peers == 0),
+                 watcher)
         metrics.peer_routers.set_function(lambda: peers[1].peers if peers is not None else 0)
     tasks: list[asyncio.Task[None]] = []
 

@@ -4,7 +4,8 @@ Each router writes one `RouterLoad` record, under its presence lease, at
 /tidegate/v1/router-load/<router_id>: per pool, its own load on each replica, the prefix blocks
 it placed since its previous record and what its admission queue holds (prefill tokens per
 class, its critical head's slack). `LoadPublisher` takes them every interval (0.05 s) and writes
-only when something moved: an idle router writes nothing. `PeerLoadWatcher` watches the prefix
+only when something moved (an idle router writes nothing; one that hears no peer, at most once
+a second). `PeerLoadWatcher` watches the prefix
 and hands every other router's record to this router's pool policies (`on_peer_load`) and
 admission queues (`on_held`: higher classes go first across routers); a record that goes (its
 router stopped or lost its lease) is forgotten (`forget_peer`).
@@ -19,6 +20,7 @@ start and when they stop, not ten times a second.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,6 +38,11 @@ from tidegate.store.watchcache import WatchCache
 from tidegate.v1.records_pb2 import HeldLoad, ReplicaLoad, RouterLoad
 
 log = structlog.get_logger(__name__)
+
+# How often a router that hears no peer writes its record at most: often enough for a router
+# that starts to find it (and so start reporting at the full rate), not 20 writes a second that
+# nobody reads (measured: ~4 % of a router core's CPU, docs/BENCHMARKS.md "Router overhead").
+LONE_INTERVAL_S = 1.0
 
 # Prefix-block keys one record carries at most, over all its pools (8 bytes each: 1 MiB, under
 # etcd's default 1.5 MiB request limit). Past it the rest of the delta is dropped: peers miss
@@ -102,7 +109,9 @@ def held_reports(rec: RouterLoad) -> dict[str, HeldReport]:
 class LoadPublisher:
     def __init__(self, store: Store, keeper: LeaseKeeper, router_id: str, policies: Policies,
                  interval_s: float = 0.05, wall: Callable[[], float] = time.time,
-                 on_write: Callable[[], None] = lambda: None, held: Held = dict) -> None:
+                 on_write: Callable[[], None] = lambda: None, held: Held = dict,
+                 alone: Callable[[], bool] = lambda: False, lone_interval_s: float = LONE_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._store = store
         self._keeper = keeper
         self._router_id = router_id
@@ -112,6 +121,9 @@ class LoadPublisher:
         self._wall = wall
         self._on_write = on_write
         self._held = held
+        self._alone = alone
+        self._lone_interval_s = lone_interval_s
+        self._clock = clock
         # What the last landed write said of the load, and under which lease (a new lease has
         # no record yet: the old one went with the old lease).
         self._written: dict[str, Mapping[str, ReplicaLoadReport]] = {}
@@ -156,9 +168,13 @@ class LoadPublisher:
         """Publishes every interval until cancelled. Never raises: a bug in one tick must not end
         the router's reports silently (logged once until a tick succeeds)."""
         broken = False
+        last = -math.inf
         while True:
             try:
-                await self.publish_once()
+                now = self._clock()
+                if not self._alone() or now - last >= self._lone_interval_s:
+                    last = now
+                    await self.publish_once()
                 broken = False
             except Exception:
                 if not broken:

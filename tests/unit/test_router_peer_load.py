@@ -262,3 +262,31 @@ async def test_the_publisher_writes_when_the_queue_changes_and_the_watcher_hands
         for t in (wtask, ktask):
             t.cancel()
         await asyncio.gather(wtask, ktask, return_exceptions=True)
+
+
+class _ChangingFake:
+    """A policy whose load changes on every report, so every tick that reports writes."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def take_report(self) -> PeerReport:
+        self.calls += 1
+        return PeerReport({"a": ReplicaLoadReport(waiting=self.calls)}, ())
+
+
+@pytest.mark.parametrize(("alone", "most", "least"), [(True, 2, 1), (False, 1000, 10)], ids=["alone", "with-peers"])
+async def test_a_router_that_hears_no_peer_writes_at_the_slow_rate(alone, most, least):
+    store = InMemoryStore()
+    keeper, ktask = await _leased(store)
+    policy = _ChangingFake()
+    pub = LoadPublisher(store, keeper, "r0", lambda: {POOL: policy}, interval_s=0.01,
+                        alone=lambda: alone, lone_interval_s=10.0)
+    task = asyncio.create_task(pub.run())
+    try:
+        await asyncio.sleep(0.3)
+    finally:
+        for t in (task, ktask):
+            t.cancel()
+        await asyncio.gather(task, ktask, return_exceptions=True)
+    assert least <= pub.writes <= most
