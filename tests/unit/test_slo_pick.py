@@ -490,3 +490,15 @@ def test_an_uncordoned_replica_with_a_noisy_fit_gets_traffic_again():
     rng = random.Random(3)
     picks = [policy.pick(snap, req(prompt=2, out=2), rng).replica_id for _ in range(200)]
     assert 40 <= picks.count("a") <= 160
+
+
+def test_a_shared_prefix_counts_once_in_a_replicas_kv():
+    # Turns of one conversation on one replica share their history's blocks there, as the
+    # engine's prefix cache does: each adds only its new prompt and its output.
+    pol = TidegatePolicy()
+    history = tuple(range(40))                                     # 40 blocks of 512 tokens
+    pol.on_dispatch(req(20_480, out=100, hashes=history, rid="t0"), "a")
+    pol.on_dispatch(req(21_000, out=100, hashes=history + (1000,), rid="t1"), "a")
+    kv = pol.take_report().loads["a"].kv
+    # (the second's cached part is 40 of its 41 blocks of 21,000 / 41 tokens: 20,487)
+    assert kv == pytest.approx((20_480 + 100) + (21_000 - 20_487 + 100))

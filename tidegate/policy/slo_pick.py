@@ -385,7 +385,10 @@ class TidegatePolicy:
         cached = self._index.cached_tokens(replica_id, blocks)
         prefill = float(max(1, request.prompt_tokens - cached))
         out = self._output(request)
-        kv = float(request.prompt_tokens) + out
+        # The KV it adds there: its cached prefix is resident already, shared by every request
+        # that holds it (the engine counts those blocks once), so only its uncached prompt and
+        # its output take new room.
+        kv = prefill + out
         self._seen += 1
         if self._seen == 1:
             self._mean_prefill = prefill
