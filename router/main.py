@@ -14,7 +14,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 from aiohttp import web
@@ -278,16 +278,17 @@ async def serve(cfg: RouterConfig,
     proxy.admission_budgets = budgets
     presence = PresencePublisher(keeper, router_id, cfg.region, f"http://{cfg.host}:{port}", inflight, tables,
                                  interval_s=PRESENCE_INTERVAL_S, budgets=budgets)
-    peers: tuple[LoadPublisher, PeerLoadWatcher] | None = None
+    # Peer load records (router/peer_load.py): what this router places, for the other routers.
+    peer_tasks: list[tuple[str, Callable[[], Awaitable[None]]]] = []
     if cfg.peer_load_interval_s > 0:
         watcher = PeerLoadWatcher(store, router_id, proxy.policy, proxy.policies,
                                   on_held=gate.on_peer_held if gate is not None else None)
-        peers = (LoadPublisher(store, keeper, router_id, proxy.policies, interval_s=cfg.peer_load_interval_s,
-                               on_write=metrics.peer_load_writes.inc,
-                               held=gate.held_reports if gate is not None else dict,
-                               alone=lambda: watcher.peers == 0),
-                 watcher)
-        metrics.peer_routers.set_function(lambda: peers[1].peers if peers is not None else 0)
+        publisher = LoadPublisher(store, keeper, router_id, proxy.policies, interval_s=cfg.peer_load_interval_s,
+                                  on_write=metrics.peer_load_writes.inc,
+                                  held=gate.held_reports if gate is not None else dict,
+                                  alone=lambda: watcher.peers == 0)
+        metrics.peer_routers.set_function(lambda: watcher.peers)
+        peer_tasks = [("peer_load_publish", publisher.run), ("peer_load_watch", watcher.run)]
     tasks: list[asyncio.Task[None]] = []
 
     async def background() -> None:
@@ -296,9 +297,7 @@ async def serve(cfg: RouterConfig,
         tasks.append(asyncio.create_task(keeper.run(), name="lease"))
         tasks.append(asyncio.create_task(presence.run(), name="presence"))
         tasks.append(asyncio.create_task(budgets.run(), name="admission_budgets"))
-        if peers is not None:
-            tasks.append(asyncio.create_task(peers[0].run(), name="peer_load_publish"))
-            tasks.append(asyncio.create_task(peers[1].run(), name="peer_load_watch"))
+        tasks.extend(asyncio.create_task(run(), name=name) for name, run in peer_tasks)
 
     starter = asyncio.create_task(background(), name="connect")
     try:
