@@ -1,10 +1,11 @@
 """Prefix affinity for the `tidegate` pick: where a prompt's prefix is (probably) cached, and
 where it should live when it is cached nowhere yet. Pure apart from the index's own state.
 
-- `PrefixIndex`: per replica, the chained prefix-block keys this router recently sent there
-  (tidegate.policy.baselines.prefix_blocks.LruBlocks), LRU-bounded to the replica's KV capacity
-  in tokens, as the engine's prefix cache is. Expected cached tokens = leading blocks found x
-  tokens per block.
+- `PrefixIndex`: per replica, the chained prefix-block keys this router recently sent there,
+  bounded to the replica's KV capacity in tokens and evicted as the engine's prefix cache evicts
+  (`_ReplicaCache`): the blocks of requests in flight there are pinned, and the others leave
+  least recently released first. Expected cached tokens = leading blocks found x tokens per
+  block.
 - `home_order`: rendezvous (highest-random-weight) hashing of the prompt's first blocks over
   the candidates. Every router computes the same order from the same prompt and the same
   candidate ids, with no shared state, so a new prefix lands on the same replica whichever
@@ -14,10 +15,11 @@ where it should live when it is cached nowhere yet. Pure apart from the index's 
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import groupby, repeat
 
-from tidegate.policy.baselines.prefix_blocks import LruBlocks, chained_keys, leading_matches
+from tidegate.policy.baselines.prefix_blocks import chained_keys, leading_matches
 
 # The home is chosen by the chained key of the block that covers the first HOME_TOKENS prompt
 # tokens (or the prompt's last block when shorter): deep enough that different documents or
@@ -43,6 +45,77 @@ def _mix64(x: int) -> int:
 def _id_hash(replica_id: str) -> int:
     # Process-independent (str.__hash__ is salted per process; routers must agree).
     return int.from_bytes(hashlib.blake2b(replica_id.encode(), digest_size=8).digest(), "big")
+
+
+class _ReplicaCache:
+    """One replica's prefix cache as the engine keeps it (vLLM's KV cache manager;
+    simulator/engine.py): a block used by a running request cannot be evicted, and one no request
+    uses stays resident until an allocation needs room, oldest released first.
+
+    An LRU by dispatch time alone (this index before) drops the blocks of a request dispatched
+    long ago that is still decoding, which the engine must keep, and keeps as many tokens of
+    finished requests' blocks as the whole KV holds, where the engine keeps only what the running
+    ones leave. Under load, running requests hold most of a replica's KV, and the router then
+    predicted whole prompts cached that the engine had evicted (Mooncake at 1.5x capacity: 7 % of
+    requests, 4.0M of 18.5M predicted cached tokens; docs/BENCHMARKS.md), so it opened replicas
+    over their prefill budget for prefills that were in truth far larger and missed TPOT."""
+
+    __slots__ = ("capacity_tokens", "free", "held", "refs", "size_tokens")
+
+    def __init__(self, capacity_tokens: float) -> None:
+        self.capacity_tokens = capacity_tokens
+        self.held: dict[int, float] = {}            # every block resident: key -> its tokens
+        self.refs: dict[int, int] = {}              # blocks in use: key -> requests in flight using it
+        self.free: OrderedDict[int, None] = OrderedDict()   # the others, least recently released first
+        self.size_tokens = 0.0
+
+    @property
+    def blocks(self) -> dict[int, float]:
+        return self.held
+
+    def insert(self, keys: Sequence[int], tokens_per_block: float, pin: bool) -> tuple[list[int], list[int]]:
+        """The blocks are resident now: pinned by a request in flight (`pin`), or released at
+        once (a peer's report: its completions are not seen here). Returns the keys added and
+        the keys evicted to make room."""
+        held, refs, free = self.held, self.refs, self.free
+        added = []
+        for k in keys:
+            if k not in held:
+                held[k] = tokens_per_block
+                self.size_tokens += tokens_per_block
+                added.append(k)
+            elif k in free:
+                if pin:
+                    del free[k]
+                else:
+                    free.move_to_end(k)
+                    continue
+            elif not pin:
+                continue    # in use: stays pinned
+            if pin:
+                refs[k] = refs.get(k, 0) + 1
+            else:
+                free[k] = None
+        evicted = []
+        while self.size_tokens > self.capacity_tokens and free:
+            k, _ = free.popitem(last=False)
+            self.size_tokens -= held.pop(k)
+            evicted.append(k)
+        return added, evicted
+
+    def release(self, keys: Sequence[int]) -> None:
+        """A request that pinned `keys` finished: blocks no other request uses become evictable,
+        its tail first (the engine frees a request's blocks tail first)."""
+        refs, free = self.refs, self.free
+        for k in reversed(keys):
+            r = refs.get(k)
+            if r is None:
+                continue
+            if r > 1:
+                refs[k] = r - 1
+            else:
+                del refs[k]
+                free[k] = None
 
 
 class PrefixBlocks:
@@ -77,7 +150,7 @@ class PrefixIndex:
     walks long, and the pick asks for every candidate on every request)."""
 
     def __init__(self) -> None:
-        self._lru: dict[str, LruBlocks] = {}
+        self._lru: dict[str, _ReplicaCache] = {}
         self._ids: dict[str, int] = {}
         self._holders: dict[int, int] = {}     # key -> bits of the replicas whose LRU holds it
         self._bit: dict[str, int] = {}         # replica id -> its bit
@@ -130,23 +203,30 @@ class PrefixIndex:
             ids = self._names[mask] = tuple(found)
         return ids
 
-    def learn(self, replica_id: str, blocks: PrefixBlocks, capacity_tokens: float) -> list[int]:
-        """The request's blocks are now cached on the replica; returns the keys new there."""
-        return self.learn_keys(replica_id, blocks.keys, blocks.tokens_per_block, capacity_tokens)
+    def learn(self, replica_id: str, blocks: PrefixBlocks, capacity_tokens: float, pin: bool = False) -> list[int]:
+        """The request's blocks are now cached on the replica; returns the keys new there. `pin`:
+        the request is in flight there and holds them until `release`."""
+        return self.learn_keys(replica_id, blocks.keys, blocks.tokens_per_block, capacity_tokens, pin)
+
+    def release(self, replica_id: str, blocks: PrefixBlocks) -> None:
+        """A request `learn`ed with `pin` is done there: its blocks may be evicted from now on."""
+        idx = self._lru.get(replica_id)
+        if idx is not None and blocks.keys:
+            idx.release(blocks.keys)
 
     def learn_keys(self, replica_id: str, keys: Sequence[int], tokens_per_block: float,
-                   capacity_tokens: float) -> list[int]:
+                   capacity_tokens: float, pin: bool = False) -> list[int]:
         """`learn` from the keys themselves (a peer router's report); returns the keys new there."""
         if not keys:
             return []
         idx = self._lru.get(replica_id)
         cap = capacity_tokens if capacity_tokens > 0 else DEFAULT_CAPACITY_TOKENS
         if idx is None:
-            idx = self._lru[replica_id] = LruBlocks(cap)
+            idx = self._lru[replica_id] = _ReplicaCache(cap)
             bit = self._bit[replica_id] = 1 << len(self._bit)
             self._by_bit[bit] = replica_id
         idx.capacity_tokens = cap
-        added, evicted = idx.insert(keys, tokens_per_block)
+        added, evicted = idx.insert(keys, tokens_per_block, pin)
         bit, holders = self._bit[replica_id], self._holders
         for k in added:   # (a key added and evicted at once is in both: it ends without the bit)
             holders[k] = holders.get(k, 0) | bit

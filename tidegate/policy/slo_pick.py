@@ -77,6 +77,7 @@ class _Flight:
     prefill: float      # predicted uncached prompt tokens, counted as queued until the first token
     kv: float           # KV tokens it will hold (prompt + expected output)
     stall_key: float    # its key among the replica's stall keys (predict.pushed_out)
+    blocks: PrefixBlocks | None = None   # its prefix blocks, pinned in the index until it completes
     started: bool = False
 
 
@@ -417,9 +418,9 @@ class TidegatePolicy:
         key = own.stalled_s + max(0.0, slack) * max(0.0, out - 1.0)
         bisect.insort(own.stall_keys, key)
         own.merged = None
-        self._flights[self._key(request, replica_id)] = _Flight(replica_id, prefill, kv, key)
-        # Bounded by the replica's KV capacity, as its prefix cache is.
-        added = self._index.learn(replica_id, blocks, self._capacity.get(replica_id, 0.0))
+        self._flights[self._key(request, replica_id)] = _Flight(replica_id, prefill, kv, key, blocks)
+        # Bounded by the replica's KV capacity, as its prefix cache is, and resident while it runs.
+        added = self._index.learn(replica_id, blocks, self._capacity.get(replica_id, 0.0), pin=True)
         if added:
             pending = self._learned.get(replica_id)
             if pending is None or pending[1] != blocks.tokens_per_block:
@@ -513,6 +514,8 @@ class TidegatePolicy:
             own.waiting = max(0, own.waiting - 1)
         self._inflight += own.waiting + own.decoding - before
         own.kv = max(0.0, own.kv - f.kv)
+        if f.blocks is not None:
+            self._index.release(replica_id, f.blocks)
         i = bisect.bisect_left(own.stall_keys, f.stall_key)
         if i < len(own.stall_keys) and own.stall_keys[i] == f.stall_key:
             del own.stall_keys[i]
