@@ -406,16 +406,19 @@ def test_properties_hold_and_runs_are_deterministic(steps: list, queue_len: int,
     assert _run(steps, queue_len, wait) == _run(steps, queue_len, wait)
 
 
-def _cached(rid: str, cached: int, pushed: float, queued: float = 6000.0) -> Prediction:
-    return Prediction(rid, cached, 1000, 0.5, 0.05, 0.0, pushed, 1.0, queued, 4000.0, 40_000.0)
+def _cached(rid: str, cached: int, pushed: float, queued: float = 6000.0, own: int = 1000) -> Prediction:
+    return Prediction(rid, cached, own, 0.5, 0.05, 0.0, pushed, 1.0, queued, 4000.0, 40_000.0)
 
 
 @pytest.mark.parametrize(("pred", "is_open"), [
     (_cached("holder-harmless", 12_000, 0.0), True),     # the prefix is there and nobody is pushed out
     (_cached("holder-harmful", 12_000, 1.0), False),     # the prefix is there, but a decoder would miss TPOT
     (_cached("cold-harmless", 0, 0.0), False),           # over budget and no prefix: the guard holds it
-    (_cached("holder-idle", 12_000, 3.0, queued=0.0), True),   # nothing outstanding: open as before
+    (_cached("holder-idle", 12_000, 3.0, queued=0.0, own=8000), False),  # nothing outstanding, but decoders would miss
+    (_cached("idle-harmless", 0, 0.0, queued=0.0, own=8000), True),      # nothing outstanding and nobody pushed out
+    (_cached("idle-harmful", 0, 1.0, queued=0.0, own=8000), False),      # a long prompt on an idle queue pushes one out
+    (Prediction("fits-harmful", 0, 1000, 0.5, 0.05, 0.0, 2.0, 1.0, 500.0, 4000.0, 40_000.0), True),  # within budget
 ], ids=lambda v: v.replica_id if isinstance(v, Prediction) else str(v))
-def test_a_replica_holding_the_prefix_is_open_over_its_budget_only_if_it_pushes_nobody_out(pred, is_open) -> None:
+def test_a_replica_is_open_over_its_budget_only_if_it_pushes_nobody_out(pred, is_open) -> None:
     assert (pred.replica_id in placement([pred]).open) is is_open
     assert pred.replica_id in placement([pred], tpot_guard=False).open

@@ -206,9 +206,14 @@ def placement(preds: Sequence[Prediction], tpot_guard: bool = True, tpot_s: floa
     if not preds:
         return Placement(math.inf, frozenset(), math.inf, 0.0, 0.0, within_budget)
     best = min(preds, key=lambda p: (p.ttft_s, p.replica_id))
+    # Over its prefill budget, a replica is open only where the pick predicts the prefill pushes no
+    # sequence there past its TPOT target: one holding the prefix, or one with no prefill
+    # outstanding. An idle-queue replica used to be open to any prompt: on Mooncake at 1.5x
+    # capacity that placed 1,880 prompts of ~15k uncached tokens whose predicted pushed_out summed
+    # to 375, and 331 sequences missed TPOT (docs/BENCHMARKS.md, "Mooncake: the prefix index ...").
     open_ = [p for p in preds
-             if not tpot_guard or p.queued_prefill <= 0 or p.queued_prefill + p.prefill_tokens <= p.prefill_budget
-             or (p.cached_tokens > 0 and p.pushed_out <= 0)]
+             if not tpot_guard or p.queued_prefill + p.prefill_tokens <= p.prefill_budget
+             or (p.pushed_out <= 0 and (p.queued_prefill <= 0 or p.cached_tokens > 0))]
     return Placement(best.ttft_s, frozenset(p.replica_id for p in open_),
                      min((p.ttft_s for p in open_), default=math.inf),
                      sum(drain_tps(p, tpot_guard, tpot_s) for p in preds), float(best.prefill_tokens),
