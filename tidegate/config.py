@@ -144,8 +144,12 @@ class AdmissionFields(BaseModel):
                                                        "duration (30s, 500ms) or critical=30s,standard=10s,...")
     tpot_guard: bool = Field(True, description="Admission: hold requests that would take a replica's outstanding "
                                                "prefill past what its TPOT target allows (TPOT protection).")
+    admission_decide: str = Field("50ms", description="Admission: a request held this long (a duration, or 'off') "
+                                                      "is committed: served, late if it must, and never rejected "
+                                                      "for its deadline after it, so every 429 but a max-wait "
+                                                      "timeout comes within this of arrival.")
 
-    @field_validator("admission_queue", "admission_max_wait")
+    @field_validator("admission_queue", "admission_max_wait", "admission_decide")
     @classmethod
     def _admission_values(cls, v: str, info: Any) -> str:
         return check_flag(info.field_name, v)
@@ -154,7 +158,8 @@ class AdmissionFields(BaseModel):
         """The queue's config; None without --admission."""
         if not self.admission:
             return None
-        return config_from_text(self.admission_queue, self.admission_max_wait, self.tpot_guard)
+        return config_from_text(self.admission_queue, self.admission_max_wait, self.tpot_guard,
+                                self.admission_decide)
 
 
 # ---------------------------------------------------------------- argparse glue

@@ -353,8 +353,8 @@ STEP = st.tuples(
 )
 
 
-def _run(steps: list, queue_len: int, wait: float) -> list[tuple]:
-    q = AdmissionQueue(cfg(queue=queue_len, wait=wait))
+def _run(steps: list, queue_len: int, wait: float, decide: float | None = None) -> list[tuple]:
+    q = AdmissionQueue(AdmissionConfig(cfg(queue=queue_len, wait=wait).limits, decide_s=decide))
     now = 0.0
     log: list[tuple] = []
     arrived: dict[str, tuple[str, float]] = {}
@@ -382,13 +382,19 @@ def _run(steps: list, queue_len: int, wait: float) -> list[tuple]:
         else:
             dispatched: list[str] = []
 
-            def on_dispatch(h, d, dispatched=dispatched, room=room) -> None:  # noqa: ANN001
-                assert room
+            def on_dispatch(h, d, dispatched=dispatched, room=room, now=now) -> None:  # noqa: ANN001
+                # within the budget share, unless committed and late (it goes over the share)
+                assert room or (decide is not None and now - h.arrival_s >= decide and now > h.deadline_s - h.ttft_s)
                 # class order: nothing of a higher class is still held when a lower one goes
                 assert all(adm.class_rank(o.cls) >= adm.class_rank(h.cls) for o in q.held())
                 dispatched.append(h.key)
 
-            adm.pump(q, now, lambda h, p=p: p, on_dispatch, lambda h, d: log.append((h.key, d.action, d.reason)))
+            def on_reject(h, d, now=now) -> None:  # noqa: ANN001
+                # committing: no rejection after the decision time but the max wait's
+                assert decide is None or d.reason == QUEUE_TIMEOUT or now - h.arrival_s < decide
+                log.append((h.key, d.action, d.reason))
+
+            adm.pump(q, now, lambda h, p=p: p, on_dispatch, on_reject)
             log.extend((k, DISPATCH) for k in dispatched)
         # nobody is held past its max wait (as of the last pump / sweep)
         for h in q.held():
@@ -396,6 +402,7 @@ def _run(steps: list, queue_len: int, wait: float) -> list[tuple]:
         for h, d in q.sweep(now):
             log.append((h.key, d.action, d.reason))
             assert d.reason != QUEUE_TIMEOUT or now >= h.expire_s
+            assert decide is None or d.reason == QUEUE_TIMEOUT or now - h.arrival_s < decide
         assert all(now < h.expire_s for h in q.held())
     return log
 
@@ -404,6 +411,13 @@ def _run(steps: list, queue_len: int, wait: float) -> list[tuple]:
 @given(st.lists(STEP, max_size=40), st.integers(0, 4), st.floats(0.1, 3.0))
 def test_properties_hold_and_runs_are_deterministic(steps: list, queue_len: int, wait: float) -> None:
     assert _run(steps, queue_len, wait) == _run(steps, queue_len, wait)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(STEP, max_size=40), st.integers(0, 4), st.floats(0.1, 3.0), st.sampled_from([0.0, 0.05, 0.3]))
+def test_committing_rejects_only_within_the_decision_time(steps: list, queue_len: int, wait: float,
+                                                          decide: float) -> None:
+    assert _run(steps, queue_len, wait, decide) == _run(steps, queue_len, wait, decide)
 
 
 def _cached(rid: str, cached: int, pushed: float, queued: float = 6000.0, own: int = 1000) -> Prediction:
@@ -422,3 +436,68 @@ def _cached(rid: str, cached: int, pushed: float, queued: float = 6000.0, own: i
 def test_a_replica_is_open_over_its_budget_only_if_it_pushes_nobody_out(pred, is_open) -> None:
     assert (pred.replica_id in placement([pred]).open) is is_open
     assert pred.replica_id in placement([pred], tpot_guard=False).open
+
+
+# ---------------------------------------------------------------- committing (AdmissionConfig.decide_s)
+
+def commit(decide: float | None = 0.05, wait: float = 30.0) -> AdmissionQueue:
+    return AdmissionQueue(AdmissionConfig(cfg(wait=wait).limits, decide_s=decide))
+
+
+@pytest.mark.parametrize(("case", "decide", "rejected"), [
+    ("no decision time: rejected when it can no longer make it", None, True),
+    ("still within its decision time: rejected", 1.0, True),
+    ("committed: kept, to go late if it must", 0.05, False),
+])
+def test_a_committed_request_is_not_swept_for_its_deadline(case: str, decide: float | None, rejected: bool) -> None:
+    q = commit(decide)
+    held(q, "standard", "a", tokens=9000)       # 0.9 s of prefill at the predicted 10k tokens/s
+    # half a second without a dispatch: the measured drain cannot clear it in time (as in
+    # test_a_held_request_that_cannot_make_it_behind_its_own_class_is_rejected)
+    out = q.sweep(0.5)
+    assert bool(out) is rejected and ("a" in q) is not rejected, case
+
+
+@pytest.mark.parametrize(("case", "decide", "p", "now", "action", "reason"), [
+    ("late and a replica open: goes late", 0.05, place(0.5), 1.8, DISPATCH, ""),
+    ("late, nothing open: waits for one", 0.05, place(0.5, frozenset()), 1.8, HOLD, ""),
+    ("late, the budget share full: goes over it", 0.05, place(0.5, budget=False), 1.8, DISPATCH, ""),
+    ("on time, the budget share full: waits for it", 0.05, place(0.1, budget=False), 1.8, HOLD, ""),
+    ("committed but past its max wait", 0.05, place(0.1), 5.0, REJECT, QUEUE_TIMEOUT),
+    ("not yet committed: rejected", 10.0, place(0.5), 1.8, REJECT, DEADLINE_UNMEETABLE),
+    ("no decision time: rejected", None, place(0.5), 1.8, REJECT, DEADLINE_UNMEETABLE),
+])
+def test_a_committed_head_goes_late_rather_than_be_rejected(case: str, decide: float | None, p: Placement,
+                                                            now: float, action: str, reason: str) -> None:
+    q = commit(decide, wait=3.0)
+    held(q, "standard", "a")
+    h, d = q.try_head(now, p)  # type: ignore[misc]
+    assert (d.action, d.reason) == (action, reason), case
+
+
+@pytest.mark.parametrize(("decide", "action", "reason"), [(None, HOLD, ""), (0.05, REJECT, DEADLINE_UNMEETABLE)])
+def test_committing_adds_the_measured_wait_error_to_a_new_requests_wait(decide: float | None, action: str,
+                                                                        reason: str) -> None:
+    """Sixteen held requests each waited 0.9 s longer than predicted at their arrival; committing,
+    the next request's predicted wait carries that error and no longer fits its deadline."""
+    q = commit(decide)
+    t = 0.0
+    for i in range(16):
+        held(q, "standard", f"k{i}", tokens=1000, now=t)      # predicted wait ~0.1 s (1,000 at 10k/s)
+        h, d = q.try_head(t + 1.0, place(0.1))  # type: ignore[misc]
+        assert (h.key, d.action) == (f"k{i}", DISPATCH)
+        t += 2.0
+    d = q.arrive("new", "standard", t, t + 2.0, place(1.2, frozenset(), tokens=1000))
+    assert (d.action, d.reason) == (action, reason)
+
+
+@pytest.mark.parametrize(("text", "value"), [("50ms", 0.05), ("0.2s", 0.2), ("1", 1.0), ("off", None),
+                                             ("OFF", None), ("0", 0.0)])
+def test_parse_decide(text: str, value: float | None) -> None:
+    assert adm.parse_decide(text) == value
+
+
+@pytest.mark.parametrize("text", ["critical=1s", "-1", "soon", "inf"])
+def test_parse_decide_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="admission decide"):
+        adm.parse_decide(text)

@@ -36,11 +36,11 @@ class FakeRequest:
         self.max_tokens = max_tokens
 
 
-def gate(queue: int = 4) -> tuple[Gate, CollectorRegistry, list[float]]:
+def gate(queue: int = 4, decide_s: float | None = None) -> tuple[Gate, CollectorRegistry, list[float]]:
     clock = [0.0]
     reg = CollectorRegistry()
     cfg = AdmissionConfig({c: ClassLimits(queue if c != "sheddable" else 0, 30.0)
-                           for c in ("critical", "standard", "sheddable")})
+                           for c in ("critical", "standard", "sheddable")}, decide_s=decide_s)
     return Gate(cfg, lambda: clock[0], AdmissionMetrics(reg)), reg, clock
 
 
@@ -116,6 +116,24 @@ async def test_timer_rejects_a_request_whose_deadline_passed() -> None:
     resp = rejection_response("m", out)
     assert resp.status == 429 and resp.headers["x-tidegate-reject-reason"] == "deadline_unmeetable"
     assert int(resp.headers["Retry-After"]) >= 1
+    g.close()
+
+
+async def test_a_committed_request_whose_deadline_passed_is_served_late_not_rejected() -> None:
+    g, reg, clock = gate(decide_s=0.05)
+    pol = FakePolicy()
+    pol.queued = {"r0": 900.0, "r1": 900.0}
+    t = asyncio.create_task(admit(g, pol, "standard"))
+    await asyncio.sleep(0)
+    clock[0] = 1.9                                   # held past its decision time, and late
+    await asyncio.sleep(POLL_S * 2)
+    assert not t.done() and g.held("m")["standard"] == 1
+    pol.queued = {"r0": 0.0, "r1": 900.0}            # r0's prefill is done
+    g.wake("m")
+    assert await t == Admitted(frozenset({"r1"}), True)  # sent, r1 closed to it
+    g.sent("m")
+    assert reg.get_sample_value("tidegate_router_admission_rejected_total",
+                                {"model": "m", "priority": "standard", "reason": "deadline_unmeetable"}) is None
     g.close()
 
 

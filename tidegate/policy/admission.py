@@ -44,7 +44,20 @@ On arrival of a request of class c:
 Holding is a commitment: every rejection should come at arrival. While held (`sweep`, then
 `pump`, whenever capacity may have freed): past its max wait -> `queue_timeout`; wait(c) from
 its place + its last predicted TTFT past its deadline -> `deadline_unmeetable` (the higher
-classes do not shed it later: it goes first when urgent). Candidates to dispatch: unless the
+classes do not shed it later: it goes first when urgent), but only within `decide_s` of its
+arrival (50 ms in the router's and simulator's config; None: at any time). Held longer, it is
+committed: it is not rejected for its deadline any more, and once it cannot meet it (its last
+start has passed) it goes as soon as a replica is open for it, over the router's budget share
+if need be. So every rejection but a max-wait timeout comes within `decide_s`, and the arrival
+decision has to be right: committing, a request's wait counts every held request as ahead of it
+(each is served by its own, earlier deadline), and adds the error its class's waits have shown,
+at `wait_quantile`, against their predictions at arrival:
+
+    wait'(c)     = wait over all held tokens + own  +  q_{wait_quantile}(actual - predicted wait)_c
+
+(the error of the latest 256 held requests of the class; measured, Azure code at 1.5x capacity:
+a ratio margin or none cost standard requests 8-13 points, served late instead of rejected
+late). Candidates to dispatch: unless the
 critical head has less than 2 x `urgent_s` of slack, the class heads within `urgent_s` of their
 last start (deadline - predicted TTFT), earliest first; then the head in class order (FIFO
 within a class), unless a peer router holds a class above it. One is
@@ -91,6 +104,9 @@ _RANK = {name: i for i, name in enumerate(CLASSES)}  # 0 = served first
 # Weight of the predicted drain against the measured one, in seconds of observation: a tenth of
 # a second of waiting already outweighs it (a 2 s TTFT target leaves time for ~20 such estimates).
 SERVICE_PRIOR_S = 0.1
+# Waits measured per class for the committing margin (AdmissionConfig.decide_s): the latest few
+# hundred, a second or two of an overloaded router's holds; the quantile is taken every 16th.
+WAIT_SAMPLES, WAIT_EVERY = 256, 16
 
 
 @dataclass(frozen=True)
@@ -114,12 +130,24 @@ class AdmissionConfig:
     # (deadline - predicted TTFT) is urgent and goes before the class order: two engine steps at a
     # 100 ms TPOT target, the time a replica's prefill budget takes to open for it.
     urgent_s: float = 0.2
+    # How long admission may take to decide (None: no limit). A request held this long is
+    # committed: it is no longer rejected for its deadline (only past its class's max wait, or
+    # when its client leaves) and goes once a replica is open for it, late if it must, so a client
+    # that has waited gets its answer, not a 429 after the wait. The price: a request is held only
+    # when its wait, as its class's waits have measured against their predictions at
+    # `wait_quantile`, still fits its deadline (late ones cost the capacity that on-time ones need).
+    decide_s: float | None = None
+    wait_quantile: float = 0.9
 
     def __post_init__(self) -> None:
         if set(self.limits) != set(CLASSES):
             raise ValueError(f"admission: limits needed for exactly the classes {', '.join(CLASSES)}")
         if not (self.urgent_s >= 0 and math.isfinite(self.urgent_s)):
             raise ValueError("admission: urgent_s must be finite and >= 0")
+        if self.decide_s is not None and not (self.decide_s >= 0 and math.isfinite(self.decide_s)):
+            raise ValueError("admission: decide_s must be finite and >= 0 (or None: no limit)")
+        if not 0 < self.wait_quantile < 1:
+            raise ValueError("admission: wait_quantile must be in (0, 1)")
 
 
 def parse_class_values(text: str, what: str, unit: str = "") -> dict[str, float]:
@@ -156,22 +184,34 @@ def parse_class_values(text: str, what: str, unit: str = "") -> dict[str, float]
 
 
 def check_flag(field_name: str, value: str) -> str:
-    """A config validator for the `admission_queue` / `admission_max_wait` flags (ValueError if bad)."""
+    """A config validator for the `admission_queue` / `admission_max_wait` / `admission_decide`
+    flags (ValueError if bad)."""
     if field_name.endswith("queue"):
         config_from_text(value, "30s")
+    elif field_name.endswith("decide"):
+        parse_decide(value)
     else:
         config_from_text("1024", value)
     return value
 
 
-def config_from_text(queue: str, wait: str, tpot_guard: bool = True) -> AdmissionConfig:
+def parse_decide(text: str) -> float | None:
+    """'50ms', '0.05s', '0.05' (seconds) or 'off' (None) -> AdmissionConfig.decide_s."""
+    if text.strip().lower() in ("off", "none"):
+        return None
+    if "=" in text:
+        raise ValueError("admission decide time: one duration for every class, or 'off'")
+    return parse_class_values(text, "admission decide time", unit="s")[CRITICAL]
+
+
+def config_from_text(queue: str, wait: str, tpot_guard: bool = True, decide: str = "off") -> AdmissionConfig:
     """From the router's / simulator's flags (see parse_class_values); unnamed classes keep the defaults."""
     base = AdmissionConfig().limits
     lengths = parse_class_values(queue, "admission queue length")
     waits = parse_class_values(wait, "admission max wait", unit="s")
     limits = {c: ClassLimits(int(lengths.get(c, base[c].max_queue)), waits.get(c, base[c].max_wait_s))
               for c in CLASSES}
-    return AdmissionConfig(limits=limits, tpot_guard=tpot_guard)
+    return AdmissionConfig(limits=limits, tpot_guard=tpot_guard, decide_s=parse_decide(decide))
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +292,7 @@ class Held:
     deadline_s: float               # absolute: arrival + the request's TTFT target
     expire_s: float                 # absolute: arrival + its class's max wait
     ttft_s: float                   # its best predicted TTFT, as last predicted
+    wait_s: float = 0.0             # its wait as predicted at arrival (the measured error's base)
 
 
 def class_rank(cls: str) -> int:
@@ -276,6 +317,11 @@ class AdmissionQueue:
         self._arriving: dict[str, float] = dict.fromkeys(CLASSES, 0.0)  # admitted prefill tokens/s
         self._arrived_s: float | None = None
         self._horizon_s = 1.0
+        # Committing (decide_s): per class, the latest held requests' actual minus predicted
+        # waits, and their value at wait_quantile, added to a new request's predicted wait.
+        self._errors: dict[str, deque[float]] = {c: deque(maxlen=WAIT_SAMPLES) for c in CLASSES}
+        self._margin: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
+        self._measured: dict[str, int] = dict.fromkeys(CLASSES, 0)
         # Per peer router: the prefill tokens it holds per class, from its latest report.
         self._peer_held: dict[str, dict[str, float]] = {}
         # Per peer router holding critical requests: its critical head's last start, in our clock.
@@ -405,7 +451,15 @@ class AdmissionQueue:
         # It waits for the prefill ahead of it and for its own prefill's worth of budget to free.
         own = max(1.0, place.prefill_tokens)
         own_wait = self._wait_s(self._tokens[cls] + own)
-        all_wait = self._wait_s(sum(self._tokens[c] for c in CLASSES[:rank + 1]) + own, rank)
+        if self.cfg.decide_s is None:
+            all_wait = self._wait_s(sum(self._tokens[c] for c in CLASSES[:rank + 1]) + own, rank)
+            predicted = all_wait
+        else:
+            # Every held request is a commitment served by its deadline, which comes before this
+            # one's (same target, earlier arrival): the lower classes held are ahead of it too.
+            predicted = self._wait_s(sum(self._tokens.values()) + own, rank)
+            own_wait += self._margin[cls]
+            all_wait = predicted + self._margin[cls]
         if own_wait + place.ttft_s > remaining:
             return Decision(REJECT, DEADLINE_UNMEETABLE, self._retry_after(all_wait + place.ttft_s - remaining))
         if all_wait + place.ttft_s > remaining:
@@ -420,7 +474,8 @@ class AdmissionQueue:
             return Decision(REJECT, QUEUE_FULL, self._retry_after(all_wait))
         if key in self._keys:
             raise ValueError("admission: key already held")
-        h = Held(key, cls, max(1.0, place.prefill_tokens), now, deadline_s, now + limit.max_wait_s, place.ttft_s)
+        h = Held(key, cls, max(1.0, place.prefill_tokens), now, deadline_s, now + limit.max_wait_s, place.ttft_s,
+                 predicted)
         self._q[cls].append(h)
         self._tokens[cls] += h.prefill_tokens
         self._keys[key] = h
@@ -442,9 +497,10 @@ class AdmissionQueue:
                     continue
                 remaining = h.deadline_s - now
                 # Once held it is not shed for the higher classes ahead of it or arriving: it goes
-                # first when urgent, so only its own class ahead of it can make it too late.
+                # first when urgent, so only its own class ahead of it can make it too late. Once
+                # committed, not even that.
                 t_own = self._wait_s(ahead_own + h.prefill_tokens) + h.ttft_s
-                if t_own > remaining:
+                if t_own > remaining and not self.committed(h, now):
                     out.append((h, Decision(REJECT, DEADLINE_UNMEETABLE, self._retry_after(t_own - remaining))))
                     continue
                 keep.append(h)
@@ -457,6 +513,10 @@ class AdmissionQueue:
 
     def _urgent(self, h: Held, now: float) -> bool:
         return now >= h.deadline_s - h.ttft_s - self.cfg.urgent_s
+
+    def committed(self, h: Held, now: float) -> bool:
+        """Held for `decide_s` or longer: served, late if it must, never rejected for its deadline."""
+        return self.cfg.decide_s is not None and now - h.arrival_s >= self.cfg.decide_s
 
     def candidates(self, now: float) -> list[Held]:
         """Whom to try next, in order: the urgent class heads (within `urgent_s` of their last
@@ -501,15 +561,36 @@ class AdmissionQueue:
             d = Decision(REJECT, QUEUE_TIMEOUT, self._retry_after(place.ttft_s))
         elif place.open and place.within_budget and place.open_ttft_s <= remaining:
             d = Decision(DISPATCH, open=place.open)
+        elif place.ttft_s > remaining and self.committed(h, now):
+            # Late: served all the same (decide_s), and over the router's budget share: it was
+            # admitted within the share, which has moved since, and waiting for it would end in
+            # a rejection at its max wait (measured: 147 sheddable requests after 30 s, Azure
+            # conversation at 1.5x capacity).
+            if not place.open:
+                return h, Decision(HOLD)
+            d = Decision(DISPATCH, open=place.open)
         elif place.ttft_s > remaining:
             d = Decision(REJECT, DEADLINE_UNMEETABLE, self._retry_after(place.ttft_s - remaining))
         else:
             return h, Decision(HOLD)
         if d.action == DISPATCH:
             self._dispatched(h.prefill_tokens)
+            if self.cfg.decide_s is not None:
+                self._measured_wait(h, now)
         self._q[h.cls].popleft()
         self._forget(h)
         return h, d
+
+    def _measured_wait(self, h: Held, now: float) -> None:
+        """A held request goes: its actual wait against the one predicted at its arrival."""
+        if h.wait_s <= 0 or not math.isfinite(h.wait_s):
+            return
+        r = self._errors[h.cls]
+        r.append((now - h.arrival_s) - h.wait_s)
+        self._measured[h.cls] += 1
+        if self._measured[h.cls] % WAIT_EVERY == 0:
+            ranked = sorted(r)
+            self._margin[h.cls] = max(0.0, ranked[min(len(ranked) - 1, int(self.cfg.wait_quantile * len(ranked)))])
 
     def remove(self, key: object) -> bool:
         """A held request that left (client disconnect): gone at once."""
