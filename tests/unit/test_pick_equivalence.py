@@ -171,7 +171,12 @@ def ref_pick(pol: TidegatePolicy, snap: PoolSnapshot, request: RequestFeatures, 
     home = ref_home_key(request)
     if home is not None:
         band = [p for p in fit if p.cost <= BAND_C * best]
-        chosen = min(band, key=lambda p: (-p.cached_tokens, -ref_rank(p.replica_id, home), p.cost))
+        most = max(p.cached_tokens for p in band)
+        band = [p for p in band if p.cached_tokens == most]
+        if most > 0:   # cached somewhere: the cheapest of those holding the most decide, the home breaks ties
+            least = min(p.cost for p in band)
+            band = [p for p in band if p.cost <= least + COST_RESOLUTION]
+        chosen = min(band, key=lambda p: (-ref_rank(p.replica_id, home), p.cost))
     else:
         ties = [p for p in fit if p.cost <= best + COST_RESOLUTION]
         chosen = ties[rng.randrange(len(ties))] if len(ties) > 1 else ties[0]

@@ -13,10 +13,11 @@ Pipeline per request (pure: snapshot + request + rng in, pick out):
 4. fit         keep the candidates predicted to meet both targets with KV room to spare (else
                relax: KV room, then TPOT, then TTFT; see README.md);
 5. band        keep those whose cost is within BAND_C of the cheapest (bounded load);
-6. choose      prompts with prefix blocks: in the band, the replica with the most cached tokens,
-               then the prefix's home (rendezvous order over its first blocks, the same on every
-               router), then the lowest cost; prompts without blocks: the lowest cost, ties at
-               random.
+6. choose      prompts with prefix blocks: in the band, the replica with the most cached tokens;
+               among those, when the prefix is cached somewhere, the lowest cost (within
+               COST_RESOLUTION); then the prefix's home (rendezvous order over its first blocks,
+               the same on every router), then the lowest cost; prompts without blocks: the
+               lowest cost, ties at random.
 
 Router-local state (one instance per router and pool) is fed by the hooks: `on_dispatch` counts
 the request's predicted prefill as queued on its replica and teaches the prefix index,
@@ -366,6 +367,14 @@ class TidegatePolicy:
             # the others' ranks are not computed (min keeps the first of equals either way).
             most = max(map(_CACHED, band))
             band = [p for p in band if p[1] == most]
+            if most > 0 and len(band) > 1:
+                # The prefix is cached on each of these alike: the request reuses as much on any of
+                # them, so the predicted cost decides (as a home rank would not: it sent every new
+                # conversation of an app to the one replica its shared system prompt ranks first,
+                # which then held them for all their turns; README.md §6). The home rank orders only
+                # the ties, and a prefix cached nowhere yet (most = 0), where it makes routers agree.
+                least = min(map(_COST, band))
+                band = [p for p in band if p[0] <= least + COST_RESOLUTION]
             key, rank = blocks.home_key, self._index.rank
             chosen = band[0] if len(band) == 1 else min(band, key=lambda p: (-rank(p[2], key), p[0]))
         else:
