@@ -180,3 +180,19 @@ def test_a_small_budget_share_holds_critical_requests_and_sheds_lower_classes_at
     assert set(s["rejected_by_reason"]) <= set(REASONS)
     att = s["slo_attainment_by_class"]
     assert att["critical"] >= att["sheddable"]
+
+
+def test_committing_after_the_decision_time_answers_every_rejection_within_it() -> None:
+    """The same overload with and without `decide_s`: rejecting a held request whenever it can no
+    longer make its deadline answers some 429s late; committed after 50 ms, none is later than
+    that, and every held request is served (late if it must) or rejected within it."""
+    late_ok = run(AdmissionConfig())
+    committed = run(AdmissionConfig(decide_s=0.05))
+
+    def to_reject(res) -> list[float]:  # noqa: ANN001
+        return [r.reject_s - r.req.arrival_s for r in res.records if r.reject_s is not None]
+
+    assert max(to_reject(late_ok)) > 0.05           # the scenario does reject late without it
+    assert to_reject(committed) and max(to_reject(committed)) <= 0.05 + 1e-9
+    for r in committed.records:
+        assert (r.finish_s is not None) != bool(r.rejected)

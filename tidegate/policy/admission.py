@@ -45,7 +45,7 @@ Holding is a commitment: every rejection should come at arrival. While held (`sw
 `pump`, whenever capacity may have freed): past its max wait -> `queue_timeout`; wait(c) from
 its place + its last predicted TTFT past its deadline -> `deadline_unmeetable` (the higher
 classes do not shed it later: it goes first when urgent), but only within `decide_s` of its
-arrival (50 ms in the router's and simulator's config; None: at any time). Held longer, it is
+arrival (`--admission-decide`, e.g. 50 ms; None, the default: at any time). Held longer, it is
 committed: it is not rejected for its deadline any more, and once it cannot meet it (its last
 start has passed) it goes as soon as a replica is open for it, over the router's budget share
 if need be. So every rejection but a max-wait timeout comes within `decide_s`, and the arrival
