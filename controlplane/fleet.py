@@ -282,6 +282,9 @@ class FleetState:
             if rec.streams == 0:
                 self._apply_fault(rec, faults.reconnected(rec.fault, self._now()))
             rec.streams += 1
+            # Reports sent while no stream was open are lost: the next window need not follow
+            # the last one received, so it must not be merged with it.
+            rec.rates.interrupt()
 
     def stream_closed(self, replica_id: str) -> None:
         # The replica stays: it goes STALE, then is pruned, unless it reconnects.

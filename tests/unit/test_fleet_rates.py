@@ -4,12 +4,14 @@ publisher's change rule include them; the virtual-time simulator's agent fills t
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 
 from tidegate.controlplane.fleet import FleetState
 from tidegate.fleetsim.agent import SimAgent
+from tidegate.policy.rates import RateEstimatorConfig
 from tidegate.policy.weights import ReplicaView, WeightPolicyConfig, compute_pool_tables, routing_key
 from tidegate.simulator.engine import Engine
 from tidegate.simulator.profiles import get_profile
@@ -40,6 +42,10 @@ def report(seq: int, batch: float = 30.0, prefill_per_step: float = 200.0) -> te
         has_kv_capacity=True, work=work))
 
 
+# 1 s reports the estimator merges before each fit (rates.py: min_window_s).
+MERGED = max(1, math.ceil(RateEstimatorConfig().min_window_s))
+
+
 @pytest.fixture
 def fleet() -> tuple[FleetState, FakeClock]:
     clock = FakeClock()
@@ -49,19 +55,24 @@ def fleet() -> tuple[FleetState, FakeClock]:
 def _feed(fs: FleetState, clock: FakeClock, h: telemetry_pb2.Hello, n: int, start: int = 1) -> None:
     for i in range(start, start + n):
         clock.t += 1.0
-        fs.on_report(h, report(i, batch=10 + 7 * (i % 9), prefill_per_step=50 * (i % 5)))
+        # Each load held for the span the estimator merges (as load moves over seconds, not from
+        # one report to the next): a pattern that repeats within a merge would average out.
+        k = (i - 1) // MERGED
+        fs.on_report(h, report(i, batch=10 + 7 * (k % 9), prefill_per_step=50 * (k % 5)))
 
 
 def test_reports_teach_the_view_and_the_table(fleet: tuple[FleetState, FakeClock]) -> None:
     fs, clock = fleet
     h = hello()
     fs.on_hello(h)
-    clock.t += 1.0
-    fs.on_report(h, report(1, prefill_per_step=0.0))
+    for seq in range(1, MERGED + 1):
+        assert fs.view("r1").decode_step_base_ms == 0
+        clock.t += 1.0
+        fs.on_report(h, report(seq, prefill_per_step=0.0))
     v = fs.view("r1")
     assert v.decode_step_base_ms > 0 and v.decode_step_per_seq_ms > 0
     assert v.prefill_tokens_per_s == 0  # no prefill seen yet: unknown, not the prior
-    _feed(fs, clock, h, 40, start=2)
+    _feed(fs, clock, h, 40, start=MERGED + 1)
     v = fs.view("r1")
     assert v.decode_step_base_ms == pytest.approx(7.5, rel=0.1)
     assert v.decode_step_per_seq_ms == pytest.approx(0.07, rel=0.1)
@@ -124,3 +135,22 @@ def test_fleetsim_agent_reports_engine_work_windows() -> None:
     assert (w.steps, w.itl_count, w.prompt_tokens) == (s.steps_total, s.itl_count, s.prompt_tokens_total)
     assert w.itl_sum_s == pytest.approx(s.itl_sum_s)
     assert w.busy_s == 0  # the simulated agent mirrors a vLLM engine: no busy-time counter
+
+
+def test_a_new_stream_or_a_counter_reset_drops_the_pending_merge(fleet: tuple[FleetState, FakeClock]) -> None:
+    fs, clock = fleet
+    h = hello()
+    fs.on_hello(h)
+    fs.stream_opened("r1")
+    _feed(fs, clock, h, MERGED - 1)
+    fs.stream_opened("r1")  # reports sent while no stream was open are lost: no merge across
+    _feed(fs, clock, h, MERGED - 1, start=MERGED)
+    assert fs.view("r1").decode_step_base_ms == 0  # not yet min_window_s since the new stream
+    _feed(fs, clock, h, 1, start=2 * MERGED - 1)
+    assert fs.view("r1").decode_step_base_ms > 0
+    _feed(fs, clock, h, MERGED - 1, start=2 * MERGED)
+    assert fs._replicas["r1"].rates._pending is not None or MERGED == 1
+    clock.t += 1.0
+    fs.on_report(h, telemetry_pb2.Report(seq=3 * MERGED, engine=telemetry_pb2.EngineStats(
+        healthy=True, work=telemetry_pb2.EngineWork())))  # the agent's empty window: a counter went down
+    assert fs._replicas["r1"].rates._pending is None

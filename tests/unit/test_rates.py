@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -24,9 +25,11 @@ CFG = RateEstimatorConfig()
 
 
 def synthetic_window(rng: random.Random, truth: EngineRates, *, batch: float, prefill_per_step: float,
-                     interval_s: float = 1.0, noise: float = 0.03, cached_frac: float = 0.2) -> WorkWindow:
-    """One report window of an engine whose steps follow `truth` exactly, with measurement noise on
-    the ITL sum (timer jitter, bucket-free but noisy)."""
+                     interval_s: float = CFG.min_window_s, noise: float = 0.03,
+                     cached_frac: float = 0.2) -> WorkWindow:
+    """One window of an engine whose steps follow `truth` exactly, with measurement noise on the
+    ITL sum (timer jitter, bucket-free but noisy). By default it spans min_window_s, so each is
+    fitted on its own: one observation of the regression."""
     step_ms = truth.step_ms(batch, prefill_per_step)
     steps = max(1.0, round(interval_s * 1000.0 / step_ms))
     decode_tokens = steps * batch
@@ -266,3 +269,135 @@ def test_property_deterministic(seed: int) -> None:
 def test_config_rejects_nonsense(bad: dict) -> None:
     with pytest.raises(ValueError):
         RateEstimatorConfig(**bad)
+
+
+# ------------------------------------------------------------------ merging windows (min_window_s)
+
+
+def one_second(batch: float = 30.0, prefill_per_step: float = 100.0) -> WorkWindow:
+    """A 1 s report of an engine at 7.5 ms + 0.072 ms/seq + prefill at 47.6k tokens/s."""
+    return synthetic_window(random.Random(0), EngineRates(47_600.0, 7.5, 0.072), batch=batch,
+                            prefill_per_step=prefill_per_step, interval_s=1.0, noise=0.0)
+
+
+_W = one_second()
+FIVE = RateEstimatorConfig(min_window_s=5.0)  # the merging tests spell their span out
+_GARBAGE = WorkWindow(interval_s=1, steps=10, itl_sum_s=math.nan, itl_count=10)
+_RESET = WorkWindow()  # what the agent sends when a counter went down (agent.rates.work_deltas)
+_IDLE = WorkWindow(interval_s=1.0)
+
+
+@pytest.mark.parametrize(
+    ("min_window_s", "feed", "fits", "rejected", "pending_s"),
+    [
+        pytest.param(5.0, [_W] * 4, 0, 0, 4.0, id="under 5 s: pending, nothing fitted"),
+        pytest.param(5.0, [_W] * 5, 1, 0, None, id="5 x 1 s: one fit"),
+        pytest.param(5.0, [_W] * 12, 2, 0, 2.0, id="12 x 1 s: two fits, 2 s pending"),
+        pytest.param(5.0, [replace(_W, interval_s=7.0)], 1, 0, None, id="one long window: fitted at once"),
+        pytest.param(0.0, [_W] * 3, 3, 0, None, id="min_window_s 0: every window on its own"),
+        pytest.param(5.0, [_W, _W, _GARBAGE, _W, _W, _W], 0, 1, 3.0, id="garbage drops what was pending"),
+        pytest.param(5.0, [_W, _W, _RESET] + [_W] * 5, 1, 1, None, id="counter reset: merging starts over"),
+        pytest.param(5.0, [_W, _W, _IDLE, _W], 1, 1, 1.0, id="idle window: fits what is pending"),
+        pytest.param(5.0, [_IDLE, _IDLE], 0, 2, None, id="idle alone: nothing"),
+    ],
+)
+def test_windows_are_merged_until_they_span_min_window_s(
+        min_window_s: float, feed: list[WorkWindow], fits: int, rejected: int, pending_s: float | None) -> None:
+    est = RateEstimator(RateEstimatorConfig(min_window_s=min_window_s))
+    for w in feed:
+        est.observe(w)
+    assert (est.windows, est.rejected) == (fits, rejected)
+    pending = est._pending
+    assert (pending.interval_s if pending else None) == pytest.approx(pending_s)
+
+
+def test_a_merged_fit_is_the_fit_of_the_summed_window() -> None:
+    feed = [one_second(batch=20 + 10 * i, prefill_per_step=50 * i) for i in range(5)]
+    merged, summed = RateEstimator(FIVE), RateEstimator(FIVE)
+    for w in feed:
+        merged.observe(w)
+    total = feed[0]
+    for w in feed[1:]:
+        total = total + w
+    assert total.interval_s == 5.0 and total.itl_count == sum(w.itl_count for w in feed)
+    summed.observe(total)
+    assert merged.estimate() == summed.estimate()
+    assert merged.windows == summed.windows == 1
+
+
+def test_garbage_does_not_poison_the_windows_after_it() -> None:
+    rng = random.Random(7)
+    truth = EngineRates(47_600.0, 7.5, 0.072)
+    after = [synthetic_window(rng, truth, batch=30 + i, prefill_per_step=100 + 20 * i, interval_s=1.0)
+             for i in range(10)]
+    clean, hit = RateEstimator(FIVE), RateEstimator(FIVE)
+    for w in after:
+        clean.observe(w)
+    for w in [one_second(batch=200, prefill_per_step=0)] * 3 + [_GARBAGE] + after:
+        hit.observe(w)
+    # What was pending before the garbage is dropped with it: the fit is the clean one exactly.
+    assert hit.estimate() == clean.estimate()
+    assert hit.windows == clean.windows == 2
+
+
+def test_interrupt_drops_the_pending_merge_and_keeps_the_fit() -> None:
+    est = RateEstimator(FIVE)
+    for _ in range(7):
+        est.observe(_W)
+    fit, published = est.estimate(), est.published
+    assert est._pending is not None
+    est.interrupt()
+    assert est._pending is None
+    assert (est.estimate(), est.published) == (fit, published)
+    for _ in range(4):
+        est.observe(_W)
+    assert est.windows == 1  # 4 s since the interruption: not yet
+
+
+def lagged_windows(rng: random.Random, truth: EngineRates, seconds: int, chunk: float = 2048) -> list[WorkWindow]:
+    """1 s windows of a step-by-step engine following `truth` exactly, whose prompts (4k-40k
+    tokens) are prefilled in chunks over several steps and counted when their prefill completes,
+    as vLLM counts them: the only error in the windows is that attribution lag."""
+    out: list[WorkWindow] = []
+    steps = prompt = itl_sum = itl_count = 0.0
+    t, edge, batch, remaining, size = 0.0, 1.0, 40.0, 0.0, 0.0
+    while len(out) < seconds:
+        if rng.random() < 0.002:  # the batch moves every ~10 s
+            batch = rng.uniform(8, 160)
+        if remaining <= 0 and rng.random() < 0.08:
+            size = remaining = rng.uniform(4_000, 40_000)
+        p = min(chunk, remaining)
+        ms = truth.step_ms(batch, p)
+        t += ms / 1000.0
+        steps, itl_sum, itl_count = steps + 1, itl_sum + batch * ms / 1000.0, itl_count + batch
+        if p > 0:
+            remaining -= p
+            if remaining <= 0:
+                prompt += size
+        if t >= edge:
+            out.append(WorkWindow(interval_s=1.0, steps=steps, prompt_tokens=prompt, generation_tokens=itl_count,
+                                  itl_sum_s=itl_sum, itl_count=itl_count))
+            steps = prompt = itl_sum = itl_count = 0.0
+            edge += 1.0
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_merging_undoes_the_attribution_lag_of_long_prefills(seed: int) -> None:
+    truth = EngineRates(47_600.0, 7.5, 0.072)
+    windows = lagged_windows(random.Random(seed), truth, 600)
+
+    def fitted(min_window_s: float) -> float:
+        est = RateEstimator(RateEstimatorConfig(min_window_s=min_window_s))
+        for w in windows:
+            est.observe(w)
+        return est.estimate().prefill_tokens_per_s
+
+    def err(rate: float) -> float:
+        return abs(math.log(rate / truth.prefill_tokens_per_s))
+
+    one_s, default, five_s = fitted(0.0), fitted(CFG.min_window_s), fitted(5.0)
+    assert err(one_s) > math.log(1.5)  # the lag is there: 1 s windows fit a rate far too high
+    assert err(default) < 0.6 * err(one_s)  # 2 s: part of the way (the default trades for spread)
+    assert err(five_s) < 0.5 * err(one_s)
+    assert five_s == pytest.approx(truth.prefill_tokens_per_s, rel=0.3)

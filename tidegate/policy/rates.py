@@ -20,9 +20,25 @@ Why it holds: each decoded token's inter-token latency is the duration of the st
 so the ITL histogram's sum is the sum over steps of B_s * T_s and its count the sum of B_s. With
 T_s linear in B_s and P_s, y is the token-weighted mean step time, which equals the model at the
 window's mean batch and prefill when B_s varies little inside the window (it is biased up by
-per_seq * Var(B)/mean(B) otherwise; windows are one report interval, ~1 s). Engines that do not
+per_seq * Var(B)/mean(B) otherwise; windows are `min_window_s`, 2 s, see below). Engines that do not
 count steps (SGLang) get steps = busy_s / y, with busy_s their GPU busy time where exported and
 the interval otherwise (right while the engine is busy, which is when the rates matter).
+
+Windows are merged before fitting (`min_window_s`, 2 s): engines count a prompt's tokens when its
+prefill completes (vLLM's `prompt_tokens_total`, and the prompt part of `iteration_tokens_total`)
+and its cache hits when it is admitted, so a long prompt prefilled in chunks over several steps
+lands in another 1 s window than the steps it slowed. That misattribution is noise in x2, and
+noise in a regressor flattens its slope: on the Mooncake trace 1 s windows fitted 74k prefill
+tokens/s where the steps' own prefill gives 45.7k (the simulated engine computes 47.6k); summed
+over 2 / 3 / 5 s, 54k / 48.5k / 46.7k (docs/BENCHMARKS.md). Longer merges also average away the
+window-to-window spread of batch and prefill that identifies the three figures, and halve or
+worse the observations: with 5 s, Azure code (2k-token prompts, prefilled in one step: no lag to
+undo) lost 6-9 % SLO capacity while Mooncake gained up to 5 %; 2 s costs neither trace more than
+~2 % (policy README, "Rate estimator"). Consecutive windows are summed (counters add) until they
+span `min_window_s`; a window with no work at all ends the merge early (nothing is in flight
+across it, so nothing is misattributed), and a garbage window (NaN, negative, no interval: also
+what the agent sends after a counter reset) or `interrupt()` (reports may have been lost) drops
+it: counts across a gap are not one window.
 
 Fit: theta = (A + L0)^-1 (r + L0 theta0) with A = sum w x x^T, r = sum w x y over windows
 weighted by their decode tokens w and forgotten with half-life `half_life_s`; L0 = prior_weight *
@@ -39,7 +55,7 @@ a geometric grid (`quantum`, 4 %) with hysteresis, so noise does not rewrite rou
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 Vec = tuple[float, float, float]
 Mat = tuple[Vec, Vec, Vec]
@@ -81,6 +97,13 @@ class RateEstimatorConfig:
     base_ms_bounds: tuple[float, float] = (0.05, 5_000.0)
     per_seq_ms_bounds: tuple[float, float] = (1e-4, 1_000.0)
     prefill_tokens_per_s_bounds: tuple[float, float] = (10.0, 1e7)
+    # Report windows are summed until they span this long before one observation is fitted: a
+    # prompt prefilled over several steps is counted in the window where its prefill completes,
+    # not in the ones whose steps it slowed, and over 1 s windows that lag flattens the fitted
+    # prefill slope (Mooncake: 74k tokens/s fitted vs 47.6k true; 2 s: 54k; 5 s: 46.7k). Longer
+    # averages away the spread that identifies the fit and delays it (5 s cost Azure code 6-9 %
+    # of its SLO capacity, see the module docstring), so 2 s. 0 = every window on its own.
+    min_window_s: float = 2.0
 
     def __post_init__(self) -> None:
         positive = (self.half_life_s, self.prior_weight, self.batch_scale, self.prefill_scale, self.quantum,
@@ -90,6 +113,8 @@ class RateEstimatorConfig:
         for lo, hi in (self.base_ms_bounds, self.per_seq_ms_bounds, self.prefill_tokens_per_s_bounds):
             if not 0 < lo < hi:
                 raise ValueError("rate estimator: bounds must satisfy 0 < low < high")
+        if not (math.isfinite(self.min_window_s) and self.min_window_s >= 0):
+            raise ValueError("rate estimator: min_window_s must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -112,6 +137,26 @@ class WorkWindow:
         return cls(interval_s=w.interval_s, steps=w.steps, step_tokens=w.step_tokens, prompt_tokens=w.prompt_tokens,
                    cached_prompt_tokens=w.cached_prompt_tokens, generation_tokens=w.generation_tokens,
                    itl_sum_s=w.itl_sum_s, itl_count=w.itl_count, busy_s=w.busy_s)
+
+    def __add__(self, other: WorkWindow) -> WorkWindow:
+        """Two consecutive windows as one: every field is a count or a duration, so they add."""
+        return WorkWindow(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    @property
+    def idle(self) -> bool:
+        """Nothing ran: no step, token or busy time (the interval alone)."""
+        return not any(astuple(self)[1:])
+
+
+def garbage(w: WorkWindow, max_step_ms: float = 60_000.0) -> bool:
+    """Counts no engine produces: NaN, negative, no interval (the agent's empty window after a
+    counter went down), an ITL sum without a count or the reverse, or an absurd mean ITL."""
+    values = astuple(w)
+    if not all(math.isfinite(v) and v >= 0 for v in values) or w.interval_s <= 0:
+        return True
+    if (w.itl_count > 0) != (w.itl_sum_s > 0):
+        return True
+    return w.itl_count >= 1 and 1000.0 * w.itl_sum_s / w.itl_count > max_step_ms
 
 
 @dataclass(frozen=True)
@@ -197,8 +242,10 @@ class RateEstimator:
     _decode_tokens: float = 0.0
     _prefill_tokens: float = 0.0
     _published: EngineRates = field(default_factory=EngineRates)
-    windows: int = 0      # accepted windows
-    rejected: int = 0     # windows with garbage or no decode timing
+    windows: int = 0      # observations fitted (merged windows)
+    rejected: int = 0     # garbage windows, idle ones, and merged windows without decode timing
+    # Windows received since the last fit, summed, while they span under cfg.min_window_s.
+    _pending: WorkWindow | None = None
 
     def __post_init__(self) -> None:
         if self.prior is not None and not self.prior.complete:
@@ -212,7 +259,36 @@ class RateEstimator:
         return (p.decode_step_base_ms, p.decode_step_per_seq_ms, 1000.0 / p.prefill_tokens_per_s)
 
     def observe(self, window: WorkWindow) -> bool:
-        """Fold one window in; False (and nothing learnt) when it is garbage or holds no decode timing."""
+        """Take one report window: merged with the pending ones, fitted once they span
+        cfg.min_window_s. False (and nothing learnt) when it is garbage or idle."""
+        if garbage(window, self.cfg.max_step_ms):
+            # Whatever is pending stays good, but the next window need not follow it (a counter
+            # reset, a lost scrape): fitting them as one would attribute work to the wrong span.
+            self._pending = None
+            self.rejected += 1
+            return False
+        if window.idle:
+            # Nothing in flight across an idle window, so no count lags past it: fit what is
+            # pending now (and leave the idle interval out, as an idle window always was).
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                self._fit(pending)
+            self.rejected += 1
+            return False
+        merged = window if self._pending is None else self._pending + window
+        if merged.interval_s < self.cfg.min_window_s:
+            self._pending = merged
+            return True
+        self._pending = None
+        self._fit(merged)
+        return True
+
+    def interrupt(self) -> None:
+        """The next window may not follow the last one (a new telemetry stream: reports may have
+        been lost between): drop the pending merge, keep the fit."""
+        self._pending = None
+
+    def _fit(self, window: WorkWindow) -> bool:
         obs = regressors(window, self.cfg.max_step_ms)
         if obs is None:
             self.rejected += 1
