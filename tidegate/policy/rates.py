@@ -33,7 +33,7 @@ tokens/s where the steps' own prefill gives 45.7k (the simulated engine computes
 over 2 / 3 / 5 s, 54k / 48.5k / 46.7k (docs/BENCHMARKS.md). Longer merges also average away the
 window-to-window spread of batch and prefill that identifies the three figures, and halve or
 worse the observations: with 5 s, Azure code (2k-token prompts, prefilled in one step: no lag to
-undo) lost 6-9 % SLO capacity while Mooncake gained up to 5 %; 2 s costs neither trace more than
+undo) lost 6-11 % SLO capacity while Mooncake gained up to 5 %; 2 s costs neither trace more than
 ~2 % (policy README, "Rate estimator"). Consecutive windows are summed (counters add) until they
 span `min_window_s`; a window with no work at all ends the merge early (nothing is in flight
 across it, so nothing is misattributed), and a garbage window (NaN, negative, no interval: also
@@ -101,7 +101,7 @@ class RateEstimatorConfig:
     # prompt prefilled over several steps is counted in the window where its prefill completes,
     # not in the ones whose steps it slowed, and over 1 s windows that lag flattens the fitted
     # prefill slope (Mooncake: 74k tokens/s fitted vs 47.6k true; 2 s: 54k; 5 s: 46.7k). Longer
-    # averages away the spread that identifies the fit and delays it (5 s cost Azure code 6-9 %
+    # averages away the spread that identifies the fit and delays it (5 s cost Azure code 6-11 %
     # of its SLO capacity, see the module docstring), so 2 s. 0 = every window on its own.
     min_window_s: float = 2.0
 
