@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tidegate.policy import faults, feedback, outliers
-from tidegate.policy.rates import EngineRates, RateEstimator, WorkWindow
+from tidegate.policy.rates import EngineRates, RateEstimator, RateEstimatorConfig, WorkWindow
 from tidegate.policy.weights import ROUTABLE_STATES, ReplicaDecision, ReplicaView, WeightPolicyConfig, decide
 from tidegate.v1 import records_pb2, telemetry_pb2
 
@@ -142,12 +142,12 @@ class ReplicaRecord:
     state: int | None = None           # the state the last report's Ack carried
 
 
-def _rate_estimator(hello: telemetry_pb2.Hello) -> RateEstimator:
+def _rate_estimator(hello: telemetry_pb2.Hello, cfg: RateEstimatorConfig | None = None) -> RateEstimator:
     """A fresh fit, seeded with the hello's profile figures when it carries all three."""
     prior = EngineRates(prefill_tokens_per_s=hello.prior_prefill_tokens_per_s,
                         decode_step_base_ms=hello.prior_decode_step_base_ms,
                         decode_step_per_seq_ms=hello.prior_decode_step_per_seq_ms)
-    return RateEstimator(prior=prior if prior.complete else None)
+    return RateEstimator(cfg or RateEstimatorConfig(), prior=prior if prior.complete else None)
 
 
 @dataclass(frozen=True)
@@ -169,8 +169,10 @@ class FleetState:
                  feedback_policy: feedback.FeedbackConfig | None = None,
                  outlier_policy: outliers.OutlierConfig | None = None,
                  wall: Callable[[], float] = time.time,
-                 on_state_change: Callable[[str], None] = lambda pool: None) -> None:
+                 on_state_change: Callable[[str], None] = lambda pool: None,
+                 rate_config: RateEstimatorConfig | None = None) -> None:
         self.policy = policy
+        self.rate_config = rate_config  # the engine-rate fit's (None: RateEstimatorConfig())
         self.fault_policy = fault_policy or faults.FaultPolicyConfig()
         self.feedback_policy = feedback_policy or feedback.FeedbackConfig()
         self.outlier_policy = outlier_policy or outliers.OutlierConfig()
@@ -199,11 +201,12 @@ class FleetState:
         rec = self._replicas.get(hello.replica_id)
         now = self._now()
         if rec is None:
-            self._replicas[hello.replica_id] = ReplicaRecord(hello=hello, hello_at=now, rates=_rate_estimator(hello))
+            self._replicas[hello.replica_id] = ReplicaRecord(hello=hello, hello_at=now,
+                                                             rates=_rate_estimator(hello, self.rate_config))
         else:
             if hello.endpoint != rec.hello.endpoint:
                 # Another engine behind the same id: what was learnt describes the old one.
-                rec.rates = _rate_estimator(hello)
+                rec.rates = _rate_estimator(hello, self.rate_config)
             rec.hello = hello
             rec.hello_at = now
 

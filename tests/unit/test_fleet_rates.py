@@ -42,14 +42,16 @@ def report(seq: int, batch: float = 30.0, prefill_per_step: float = 200.0) -> te
         has_kv_capacity=True, work=work))
 
 
-# 1 s reports the estimator merges before each fit (rates.py: min_window_s).
-MERGED = max(1, math.ceil(RateEstimatorConfig().min_window_s))
+# 1 s reports the estimator merges before each fit (rates.py: min_window_s; off by default, on
+# here so that the control plane's handling of a pending merge is exercised).
+RATES = RateEstimatorConfig(min_window_s=2.0)
+MERGED = max(1, math.ceil(RATES.min_window_s))
 
 
 @pytest.fixture
 def fleet() -> tuple[FleetState, FakeClock]:
     clock = FakeClock()
-    return FleetState(WeightPolicyConfig(), now=clock), clock
+    return FleetState(WeightPolicyConfig(), now=clock, rate_config=RATES), clock
 
 
 def _feed(fs: FleetState, clock: FakeClock, h: telemetry_pb2.Hello, n: int, start: int = 1) -> None:

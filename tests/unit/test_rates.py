@@ -25,11 +25,11 @@ CFG = RateEstimatorConfig()
 
 
 def synthetic_window(rng: random.Random, truth: EngineRates, *, batch: float, prefill_per_step: float,
-                     interval_s: float = CFG.min_window_s, noise: float = 0.03,
+                     interval_s: float = max(1.0, CFG.min_window_s), noise: float = 0.03,
                      cached_frac: float = 0.2) -> WorkWindow:
     """One window of an engine whose steps follow `truth` exactly, with measurement noise on the
-    ITL sum (timer jitter, bucket-free but noisy). By default it spans min_window_s, so each is
-    fitted on its own: one observation of the regression."""
+    ITL sum (timer jitter, bucket-free but noisy). By default it spans 1 s or min_window_s when
+    longer, so each is fitted on its own: one observation of the regression."""
     step_ms = truth.step_ms(batch, prefill_per_step)
     steps = max(1.0, round(interval_s * 1000.0 / step_ms))
     decode_tokens = steps * batch
@@ -396,8 +396,8 @@ def test_merging_undoes_the_attribution_lag_of_long_prefills(seed: int) -> None:
     def err(rate: float) -> float:
         return abs(math.log(rate / truth.prefill_tokens_per_s))
 
-    one_s, default, five_s = fitted(0.0), fitted(CFG.min_window_s), fitted(5.0)
-    assert err(one_s) > math.log(1.5)  # the lag is there: 1 s windows fit a rate far too high
-    assert err(default) < 0.6 * err(one_s)  # 2 s: part of the way (the default trades for spread)
+    one_s, two_s, five_s = fitted(0.0), fitted(2.0), fitted(5.0)
+    assert err(one_s) > math.log(1.5)  # the lag is there: 1 s windows (the default) fit a rate far too high
+    assert err(two_s) < 0.6 * err(one_s)  # 2 s: part of the way
     assert err(five_s) < 0.5 * err(one_s)
     assert five_s == pytest.approx(truth.prefill_tokens_per_s, rel=0.3)

@@ -20,25 +20,26 @@ Why it holds: each decoded token's inter-token latency is the duration of the st
 so the ITL histogram's sum is the sum over steps of B_s * T_s and its count the sum of B_s. With
 T_s linear in B_s and P_s, y is the token-weighted mean step time, which equals the model at the
 window's mean batch and prefill when B_s varies little inside the window (it is biased up by
-per_seq * Var(B)/mean(B) otherwise; windows are `min_window_s`, 2 s, see below). Engines that do not
+per_seq * Var(B)/mean(B) otherwise; windows are 1 s, or `min_window_s` when set, see below). Engines that do not
 count steps (SGLang) get steps = busy_s / y, with busy_s their GPU busy time where exported and
 the interval otherwise (right while the engine is busy, which is when the rates matter).
 
-Windows are merged before fitting (`min_window_s`, 2 s): engines count a prompt's tokens when its
-prefill completes (vLLM's `prompt_tokens_total`, and the prompt part of `iteration_tokens_total`)
-and its cache hits when it is admitted, so a long prompt prefilled in chunks over several steps
-lands in another 1 s window than the steps it slowed. That misattribution is noise in x2, and
-noise in a regressor flattens its slope: on the Mooncake trace 1 s windows fitted 74k prefill
-tokens/s where the steps' own prefill gives 45.7k (the simulated engine computes 47.6k); summed
-over 2 / 3 / 5 s, 54k / 48.5k / 46.7k (docs/BENCHMARKS.md). Longer merges also average away the
-window-to-window spread of batch and prefill that identifies the three figures, and halve or
-worse the observations: with 5 s, Azure code (2k-token prompts, prefilled in one step: no lag to
-undo) lost 6-11 % SLO capacity while Mooncake gained up to 5 %; 2 s costs neither trace more than
-~2 % (policy README, "Rate estimator"). Consecutive windows are summed (counters add) until they
-span `min_window_s`; a window with no work at all ends the merge early (nothing is in flight
-across it, so nothing is misattributed), and a garbage window (NaN, negative, no interval: also
-what the agent sends after a counter reset) or `interrupt()` (reports may have been lost) drops
-it: counts across a gap are not one window.
+Windows can be merged before fitting (`min_window_s`; default 0, off): engines count a prompt's
+tokens when its prefill completes (vLLM's `prompt_tokens_total`, and the prompt part of
+`iteration_tokens_total`) and its cache hits when it is admitted, so a long prompt prefilled in
+chunks over several steps lands in another 1 s window than the steps it slowed. That misattribution
+is noise in x2, and noise in a regressor flattens its slope: on the Mooncake trace 1 s windows
+fitted 74k prefill tokens/s where the steps' own prefill gives 45.7k (the simulated engine computes
+47.6k); summed over 2 / 3 / 5 s, 54k / 48.5k / 46.7k (docs/BENCHMARKS.md). Longer merges also
+average away the window-to-window spread of batch and prefill that identifies the three figures,
+and halve or worse the observations: with 5 s, Azure code (2k-token prompts, prefilled in one step:
+no lag to undo) lost 6-11 % SLO capacity while Mooncake gained up to 5 %; 2 s cost Azure code 1.6 %
+of its capacity and 4.5 points of attainment at load 0.7 (below `least_request` there) for
+Mooncake's +1.7 %, so merging is off by default (policy README, "Rate estimator"). When on,
+consecutive windows are summed (counters add) until they span `min_window_s`; a window with no work
+at all ends the merge early (nothing is in flight across it, so nothing is misattributed), and a
+garbage window (NaN, negative, no interval: also what the agent sends after a counter reset) or
+`interrupt()` (reports may have been lost) drops it: counts across a gap are not one window.
 
 Fit: theta = (A + L0)^-1 (r + L0 theta0) with A = sum w x x^T, r = sum w x y over windows
 weighted by their decode tokens w and forgotten with half-life `half_life_s`; L0 = prior_weight *
@@ -102,8 +103,10 @@ class RateEstimatorConfig:
     # not in the ones whose steps it slowed, and over 1 s windows that lag flattens the fitted
     # prefill slope (Mooncake: 74k tokens/s fitted vs 47.6k true; 2 s: 54k; 5 s: 46.7k). Longer
     # averages away the spread that identifies the fit and delays it (5 s cost Azure code 6-11 %
-    # of its SLO capacity, see the module docstring), so 2 s. 0 = every window on its own.
-    min_window_s: float = 2.0
+    # of its SLO capacity, see the module docstring); 2 s still cost Azure code 4.5 points of SLO
+    # attainment at load 0.7 for +1.7 % of Mooncake capacity (one search step), so by default
+    # every window is fitted on its own (0); the lag stays a known bias (README "Rate estimator").
+    min_window_s: float = 0.0
 
     def __post_init__(self) -> None:
         positive = (self.half_life_s, self.prior_weight, self.batch_scale, self.prefill_scale, self.quantum,
