@@ -172,3 +172,25 @@ async def test_election_leader_steps_down_when_etcd_is_gone(fresh_etcd: Embedded
     await asyncio.wait_for(e.lost.wait(), 5)
     assert not e.is_leader
     await e.close()
+
+
+async def test_store_opened_after_outage_connects_at_once(fresh_etcd: EmbeddedEtcd) -> None:
+    # gRPC's process-wide subchannel pool used to hand a new store the reconnect backoff
+    # of an older store that had been knocking on the dead port (CI, stop 14).
+    old = EtcdStore([fresh_etcd.endpoint], timeout_s=0.5)
+    await old.connect()
+    await old.put(P + "a", b"1")
+    fresh_etcd.kill()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 3.0
+    while loop.time() < end:  # each failed connect grows the old channel's backoff
+        with pytest.raises(StoreError):
+            await old.get(P + "a")
+        await asyncio.sleep(0.1)
+    fresh_etcd.start()
+    new = EtcdStore([fresh_etcd.endpoint], timeout_s=2.0)
+    await new.connect()
+    await new.put(P + "b", b"2")
+    assert (await new.get(P + "a")) is not None
+    await new.close()
+    await old.close()
