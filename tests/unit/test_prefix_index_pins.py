@@ -80,3 +80,27 @@ def test_policy_pins_a_dispatched_requests_prefix_until_it_completes() -> None:
     pol.on_complete(features["A"], "r")
     serve("B", "C", "D")
     assert cached("A") == 0
+
+
+# Room for four 512-token blocks: a 4-block prompt fills it, a 2-block one then takes two of them.
+HEAD4, TWO = PrefixBlocks((1, 2, 3, 4), 2048), PrefixBlocks((5, 6), 1024)
+
+
+@pytest.mark.parametrize("ops", [
+    [("learn", HEAD4)],                                             # a peer's report
+    [("pin", HEAD4), ("release", HEAD4), ("learn", HEAD4)],         # ours, done, then a peer's again
+], ids=["peer-report", "peer-report-of-released-blocks"])
+def test_released_blocks_leave_tail_first(ops) -> None:
+    """Blocks no request here holds leave tail first, as the engine frees a request's blocks: the
+    room a later prompt needs takes the end of a prefix and leaves its head reusable (head first,
+    the blocks left behind could never match: a prefix matches from its first block)."""
+    idx = PrefixIndex()
+    for op, blocks in ops:
+        if op == "pin":
+            idx.learn("r", blocks, 2048.0, pin=True)
+        elif op == "release":
+            idx.release("r", blocks)
+        else:
+            idx.learn("r", blocks, 2048.0)
+    idx.learn("r", TWO, 2048.0)
+    assert (idx.cached_tokens("r", HEAD4), idx.cached_tokens("r", TWO)) == (1024, 1024)

@@ -175,7 +175,11 @@ def test_index_counts_leading_blocks_and_forgets_beyond_capacity():
     assert idx.cached_tokens("r", PrefixBlocks((1, 2, 9, 9), 2048)) == 1024
     assert idx.cached_tokens("r", PrefixBlocks((9, 2, 3, 4), 2048)) == 0   # chained: a different start
     assert idx.cached_tokens("other", a) == 0
-    idx.learn("r", PrefixBlocks((5, 6, 7, 8, 10, 11), 3072), capacity_tokens=4096)  # evicts a's blocks
+    # Room for 8 blocks: 6 more evict two of a's, its tail first (as the engine frees a request's
+    # blocks), so its head still matches; two more evict the rest of it.
+    idx.learn("r", PrefixBlocks((5, 6, 7, 8, 10, 11), 3072), capacity_tokens=4096)
+    assert idx.cached_tokens("r", a) == 1024
+    idx.learn("r", PrefixBlocks((12, 13), 1024), capacity_tokens=4096)
     assert idx.cached_tokens("r", a) == 0
 
 

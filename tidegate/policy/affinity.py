@@ -75,11 +75,12 @@ class _ReplicaCache:
 
     def insert(self, keys: Sequence[int], tokens_per_block: float, pin: bool) -> tuple[list[int], list[int]]:
         """The blocks are resident now: pinned by a request in flight (`pin`), or released at
-        once (a peer's report: its completions are not seen here). Returns the keys added and
-        the keys evicted to make room."""
+        once (a peer's report: its completions are not seen here), tail first as `release` does,
+        so that room made later takes their tail and leaves their head reusable. Returns the keys
+        added and the keys evicted to make room."""
         held, refs, free = self.held, self.refs, self.free
         added = []
-        for k in keys:
+        for k in (keys if pin else reversed(keys)):
             if k not in held:
                 held[k] = tokens_per_block
                 self.size_tokens += tokens_per_block
@@ -96,6 +97,8 @@ class _ReplicaCache:
                 refs[k] = refs.get(k, 0) + 1
             else:
                 free[k] = None
+        if not pin:
+            added.reverse()
         evicted = []
         while self.size_tokens > self.capacity_tokens and free:
             k, _ = free.popitem(last=False)
