@@ -9,11 +9,13 @@ Inputs per request, from the `tidegate` pick's predictions (predict.py) on every
 its predicted TTFT there, the prefill tokens already outstanding there and that replica's
 prefill budget (what one step may carry within the TPOT target: TPOT protection).
 
-    open         = {r : queued_r == 0  or  queued_r + prefill_r <= budget_r
-                        or (cached_r > 0  and  pushed_out_r == 0)}                (guard on)
-                   (a replica holding the request's prefix, where the pick predicts its prefill
-                   pushes no sequence past the TPOT target, is open over its budget: holding the
-                   request back from it would send it where the whole prompt is prefilled)
+    open         = {r : queued_r + prefill_r <= budget_r
+                        or (pushed_out_r == 0  and  (queued_r == 0  or  cached_r > 0))}  (guard on)
+                   (over its budget, a replica is open only where the pick predicts the prefill
+                   pushes no sequence past the TPOT target, and only when nothing is outstanding
+                   there (a prompt larger than the budget goes alone) or it holds the request's
+                   prefix (held back from it, the request would go where the whole prompt is
+                   prefilled))
     ttft_best    = min_r TTFT_r;    ttft_open = min_{r in open} TTFT_r
     predicted    = sum_r min(prefill_tps_r, budget_r / tpot_slo)  (guard on; else sum_r prefill_tps_r)
     drain        = (served + predicted * 0.1 s) / (held_s + 0.1 s): the prefill tokens/s the queue
