@@ -108,8 +108,8 @@ def test_budgets_are_split_among_the_routers_enforced_and_released() -> None:
     # Class fractions cut so the share binds on this load (at the defaults a router peaks at 28 %
     # of its share here and the check below would pass with no enforcement at all).
     tight = BudgetConfig(class_fraction={"critical": 0.25, "standard": 0.2, "sheddable": 0.15})
-    # 800 requests (~7 s): the budget follows the rate fit, whose first windows are merged to 2 s
-    # (rates.py min_window_s), so the shares bind only after the first seconds.
+    # 800 requests (~7 s): the shares bind on 205 dispatches (400 requests: 65, close to the bound
+    # below; 800 were needed while the rate fit merged its first windows to 2 s, 2d744e0..07f8814).
     s = sim(AdmissionConfig(), overload(800), routers=2, budgets=tight)
     # Watch each router's ledger: what it held and its share at every acquire, and every refusal.
     dispatches: list[tuple[Tokens, Tokens, Tokens | None, float]] = []
