@@ -501,3 +501,31 @@ def test_parse_decide(text: str, value: float | None) -> None:
 def test_parse_decide_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="admission decide"):
         adm.parse_decide(text)
+
+
+def _late_burst(q: AdmissionQueue, cls: str = "standard") -> float:
+    """Sixteen held requests of `cls` that went 3 s after arrival (committed, late; predicted
+    ~0.1 s): the class's margin becomes ~2.9 s, more than its 2 s TTFT target. Returns the time
+    the last went."""
+    t = 0.0
+    for i in range(16):
+        held(q, cls, f"late{i}", tokens=1000, now=t)
+        h, d = q.try_head(t + 3.0, place(0.1))  # type: ignore[misc]
+        assert (h.key, d.action) == (f"late{i}", DISPATCH)
+        t += 4.0
+    return t - 1.0
+
+
+@pytest.mark.parametrize(("later_s", "action"), [(10.0, REJECT), (31.0, HOLD)])
+def test_a_margin_larger_than_the_deadline_does_not_outlive_the_class_max_wait(later_s: float, action: str) -> None:
+    """With a margin larger than its TTFT target, no request of the class that has to wait is
+    held any more, so none is measured and the margin could never fall again: every wait would be
+    a 429 for good. Once nothing of the class was held for a max wait (30 s here), the errors of
+    the queue that is gone are dropped and requests are held again."""
+    q = commit(0.05, wait=30.0)
+    last = _late_burst(q)
+    now = last + later_s
+    # (the other classes never had a margin)
+    assert q.arrive("crit", "critical", now, now + 2.0, place(0.1, frozenset(), tokens=1000)).action == HOLD
+    d = q.arrive("new", "standard", now, now + 2.0, place(0.1, frozenset(), tokens=1000))
+    assert d.action == action

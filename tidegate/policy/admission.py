@@ -57,7 +57,8 @@ at `wait_quantile`, against their predictions at arrival:
 
     wait'(c)     = wait over all held tokens + own  +  q_{wait_quantile}(actual - predicted wait)_c
 
-(the error of the latest 256 held requests of the class; measured, Azure code at 1.5x capacity:
+(the error of the latest 256 held requests of the class, dropped once nothing of it was held or
+measured for its max wait: see `_expire_margin`; measured, Azure code at 1.5x capacity:
 a ratio margin or none cost standard requests 8-13 points, served late instead of rejected
 late). Candidates to dispatch: unless the
 critical head has less than 2 x `urgent_s` of slack, the class heads within `urgent_s` of their
@@ -324,6 +325,7 @@ class AdmissionQueue:
         self._errors: dict[str, deque[float]] = {c: deque(maxlen=WAIT_SAMPLES) for c in CLASSES}
         self._margin: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
         self._measured: dict[str, int] = dict.fromkeys(CLASSES, 0)
+        self._measured_at: dict[str, float] = dict.fromkeys(CLASSES, -math.inf)
         # Per peer router: the prefill tokens it holds per class, from its latest report.
         self._peer_held: dict[str, dict[str, float]] = {}
         # Per peer router holding critical requests: its critical head's last start, in our clock.
@@ -460,6 +462,7 @@ class AdmissionQueue:
             # Every held request is a commitment served by its deadline, which comes before this
             # one's (same target, earlier arrival): the lower classes held are ahead of it too.
             predicted = self._wait_s(sum(self._tokens.values()) + own, rank)
+            self._expire_margin(cls, now)
             own_wait += self._margin[cls]
             all_wait = predicted + self._margin[cls]
         if own_wait + place.ttft_s > remaining:
@@ -590,9 +593,21 @@ class AdmissionQueue:
         r = self._errors[h.cls]
         r.append((now - h.arrival_s) - h.wait_s)
         self._measured[h.cls] += 1
+        self._measured_at[h.cls] = now
         if self._measured[h.cls] % WAIT_EVERY == 0:
             ranked = sorted(r)
             self._margin[h.cls] = max(0.0, ranked[min(len(ranked) - 1, int(self.cfg.wait_quantile * len(ranked)))])
+
+    def _expire_margin(self, cls: str, now: float) -> None:
+        """Drops the class's measured errors once nothing of it has been held, nor measured, for
+        its max wait: the queue they describe has turned over. Without this a margin larger than
+        the class's TTFT target would stay for good: every request of the class that has to wait
+        is rejected at arrival, so none is held, none is measured, and the margin never falls."""
+        if (self._margin[cls] > 0 and not self._q[cls]
+                and now - self._measured_at[cls] > self.cfg.limits[cls].max_wait_s):
+            self._errors[cls].clear()
+            self._margin[cls] = 0.0
+            self._measured[cls] = 0
 
     def remove(self, key: object) -> bool:
         """A held request that left (client disconnect): gone at once."""
