@@ -535,8 +535,9 @@ class AdmissionQueue:
         if crit and crit[0].deadline_s - crit[0].ttft_s - now < 2 * self.cfg.urgent_s:
             return [head]  # type: ignore[list-item]
         # A peer's critical head short of slack: only ours may go. One more than two windows past
-        # its last start cannot still be waiting for a replica (it went, or was rejected): a report
-        # that has not caught up with that does not stop this router.
+        # its last start went or was rejected, or, committed (decide_s), waits to go late, when
+        # holding this router back no longer saves its deadline: a report that has not caught up
+        # with that does not stop this router. (Our own late committed head still goes first.)
         window = 2 * self.cfg.urgent_s
         if any(-window < last - now < window for last in self._peer_critical.values()):
             return [head] if crit else []  # type: ignore[list-item]
