@@ -363,8 +363,8 @@ class TidegatePolicy:
         if blocks.home_key is not None:
             limit = self.band_c * best
             band = [p for p in fit if p[0] <= limit]
-            # min over (-cached, -rank, cost): only those with the most cached tokens can win, so
-            # the others' ranks are not computed (min keeps the first of equals either way).
+            # The most cached tokens first: only those can win, so the others' ranks are not
+            # computed (the min below keeps the first of equals, as one over all of them would).
             most = max(map(_CACHED, band))
             band = [p for p in band if p[1] == most]
             if most > 0 and len(band) > 1:
