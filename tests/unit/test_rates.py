@@ -401,3 +401,16 @@ def test_merging_undoes_the_attribution_lag_of_long_prefills(seed: int) -> None:
     assert err(two_s) < 0.6 * err(one_s)  # 2 s: part of the way
     assert err(five_s) < 0.5 * err(one_s)
     assert five_s == pytest.approx(truth.prefill_tokens_per_s, rel=0.3)
+
+
+
+def test_observe_is_false_when_nothing_is_learnt() -> None:
+    """A window with work but no decode timing (a prefill on an idle engine) teaches nothing on
+    its own: False, as for garbage and idle ones; a window kept pending for a merge is True."""
+    prefill_only = WorkWindow(interval_s=1.0, steps=5, step_tokens=8000, prompt_tokens=8000)
+    est = RateEstimator()
+    assert not est.observe(prefill_only)
+    assert (est.windows, est.rejected) == (0, 1)
+    assert est.observe(_W) and est.windows == 1
+    merging = RateEstimator(FIVE)
+    assert merging.observe(prefill_only) and merging._pending is not None

@@ -263,7 +263,8 @@ class RateEstimator:
 
     def observe(self, window: WorkWindow) -> bool:
         """Take one report window: merged with the pending ones, fitted once they span
-        cfg.min_window_s. False (and nothing learnt) when it is garbage or idle."""
+        cfg.min_window_s. False when nothing of it is learnt: it is garbage, idle (which fits what
+        is pending, if anything), or ends a window with no decode timing."""
         if garbage(window, self.cfg.max_step_ms):
             # Whatever is pending stays good, but the next window need not follow it (a counter
             # reset, a lost scrape): fitting them as one would attribute work to the wrong span.
@@ -283,8 +284,7 @@ class RateEstimator:
             self._pending = merged
             return True
         self._pending = None
-        self._fit(merged)
-        return True
+        return self._fit(merged)
 
     def interrupt(self) -> None:
         """The next window may not follow the last one (a new telemetry stream: reports may have
