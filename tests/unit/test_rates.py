@@ -414,3 +414,12 @@ def test_observe_is_false_when_nothing_is_learnt() -> None:
     assert est.observe(_W) and est.windows == 1
     merging = RateEstimator(FIVE)
     assert merging.observe(prefill_only) and merging._pending is not None
+
+
+def test_jittered_report_intervals_merge_to_the_nearest_span() -> None:
+    """Report intervals are measured, so they jitter around 1 s: two of 0.999 s are the 2 s span,
+    not short of it (a third window would make every merge 3 s, not what was measured at 2 s)."""
+    est = RateEstimator(RateEstimatorConfig(min_window_s=2.0))
+    for interval in (0.999, 0.999, 1.001, 0.998, 0.999, 1.0):
+        est.observe(replace(_W, interval_s=interval))
+    assert est.windows == 3 and est._pending is None
