@@ -2,7 +2,7 @@
 
 Each router writes one `RouterLoad` record, under its presence lease, at
 /tidegate/v1/router-load/<router_id>: per pool, its own load on each replica, the prefix blocks
-it placed since its previous record and what its admission queue holds (prefill tokens per
+its requests used since its previous record and what its admission queue holds (prefill tokens per
 class, its critical head's slack). `LoadPublisher` takes them every interval (0.05 s) and writes
 only when something moved (an idle router writes nothing; one that hears no peer, at most once
 a second). `PeerLoadWatcher` watches the prefix
@@ -12,9 +12,9 @@ router stopped or lost its lease) is forgotten (`forget_peer`).
 
 The publisher writes with the LeaseKeeper's lease but not through `LeaseKeeper.put`: that
 remembers the value to re-put it after an outage, and logs every failure. A record's learned
-blocks are a delta, sent once; a failed write loses that delta (peers' affinity is a little
-weaker, never wrong) and the next tick writes the load again. Failures are logged when they
-start and when they stop, not ten times a second.
+blocks are those its requests used since the previous record, sent once; a failed write loses
+them (peers' affinity is a little weaker, never wrong) and the next tick writes the load again.
+Failures are logged when they start and when they stop, not ten times a second.
 """
 
 from __future__ import annotations

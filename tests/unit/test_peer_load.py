@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from tidegate.policy.affinity import PrefixBlocks
 from tidegate.policy.peer_load import LearnedBlocks, PeerReport, PeerSum, ReplicaLoadReport, placed_since, sum_peers
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo
 from tidegate.policy.slo_pick import TidegatePolicy
@@ -124,7 +125,7 @@ def test_a_peers_prefill_uses_up_our_decoders_stall_budgets():
     assert after == 0                                              # they missed already: not this one's doing
 
 
-def test_blocks_a_peer_placed_count_as_cached_there_and_are_sent_once():
+def test_blocks_a_peer_placed_count_as_cached_there_and_are_sent_again_when_reused():
     sender, receiver = TidegatePolicy(), TidegatePolicy()
     snap = PoolSnapshot((e("a"), e("b"), e("c")))
     doc = tuple(range(40))
@@ -143,7 +144,36 @@ def test_blocks_a_peer_placed_count_as_cached_there_and_are_sent_once():
     assert after[placed] == 40 * 64 and all(v == 0 for r, v in after.items() if r != placed)
     sender.on_dispatch(RequestFeatures(prompt_tokens=2_560, max_tokens=50, prefix_hashes=doc, req_id="d2",
                                        prefix_block_tokens=64), placed)
-    assert sender.take_report().learned == ()                     # nothing new there since
+    again = sender.take_report().learned                          # reused: recent in the engine's cache again
+    assert [(b.replica_id, len(b.keys)) for b in again] == [(placed, 40)]
+    assert sender.take_report().learned == ()                     # nothing used since
+
+
+@pytest.mark.parametrize(("reused", "kept", "evicted"), [
+    (None, ("B", "C", "D"), "A"),      # the oldest goes
+    ("A", ("A", "C", "D"), "B"),       # a peer reused A: B is the oldest now, in the engine and here
+    ("B", ("B", "C", "D"), "A"),
+], ids=["none", "reuse-A", "reuse-B"])
+def test_a_peers_reuse_keeps_a_prefix_recent_in_our_index(reused, kept, evicted):
+    # Replica a holds 3 documents of 1,000 tokens; the peer places A, B, C, maybe reuses one, then D.
+    snap = PoolSnapshot((e("a", cap=3_000),))
+    docs = {name: tuple(range(100 * i, 100 * i + 10)) for i, name in enumerate("ABCD")}
+    sender, receiver = TidegatePolicy(), TidegatePolicy()
+    receiver.predictions(snap, req(10))                           # the table: a's KV capacity
+
+    def place(name: str, n: int) -> None:
+        r = RequestFeatures(prompt_tokens=1_000, max_tokens=10, prefix_hashes=docs[name], req_id=f"{name}{n}",
+                            prefix_block_tokens=100)
+        sender.on_dispatch(r, "a")
+        receiver.on_peer_load("router-0", sender.take_report())
+
+    for name in "ABC":
+        place(name, 0)
+    if reused is not None:
+        place(reused, 1)
+    place("D", 0)
+    cached = {name: receiver._index.cached_tokens("a", PrefixBlocks(doc, 1_000, 100)) for name, doc in docs.items()}
+    assert cached == {**dict.fromkeys(kept, 1_000), evicted: 0}
 
 
 @pytest.mark.parametrize("tpb", [0.0, -1.0, math.inf, math.nan], ids=["zero", "negative", "inf", "nan"])

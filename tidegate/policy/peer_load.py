@@ -10,8 +10,9 @@ their leased presence; fleetsim: the same record on the virtual clock) and add t
 report to their own, exact, fresh figures. The same holds for the prefix index: a router learns
 where prefixes are cached from its own dispatches, so with requests spread round-robin over N
 routers each knows about 1/N of the pool's caches. Reports therefore also carry the prefix
-blocks the router newly placed on each replica since its previous report (a delta: a block
-already held there is not sent again), which peers add to their own index.
+blocks the router's requests used on each replica since its previous report (new there or
+reused: a reuse makes them recent in the engine's cache, which peers' indexes must see to evict
+what the engine evicts), which peers add to their own index or refresh there.
 
 Pure data and arithmetic: no clock, no I/O.
 """
