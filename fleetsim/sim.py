@@ -321,9 +321,14 @@ class Simulation:
                       self.cfg.scrape_interval_s if self.cfg.scrape_interval_s is not None
                       else getattr(p, "scrape_interval_s", None))
             for k, p in enumerate(policies)]
-        for router in self.routers:
+        for k, router in enumerate(self.routers):
             if self.cfg.admission is not None and callable(getattr(router.policy, "predictions", None)):
                 router.queue = adm.AdmissionQueue(self.cfg.admission)
+            # Its id as its peers' reports will name it (_peer_deliver), as the live router's
+            # PeerLoadWatcher binds its own.
+            bind = getattr(router.policy, "bind_router", None)
+            if callable(bind):
+                bind(f"router-{k}")
         self.admission = any(r.queue is not None for r in self.routers)
         # Admission budgets: the control plane's publisher (compute only: the sim delivers what it
         # would write) and, per router, the live router's ledger of its shares.

@@ -225,6 +225,9 @@ class PeerLoadWatcher:
         for pool, report in reports.items():
             policy = self._policy_for(pool)
             if hasattr(policy, "on_peer_load"):
+                # Its own id in the peers' namespace (slo_pick: the replicas it owns among them).
+                if hasattr(policy, "bind_router"):
+                    policy.bind_router(self._router_id)
                 policy.on_peer_load(peer, report)
         if self._on_held is not None:
             for pool in reports:

@@ -9,7 +9,15 @@ import random
 import pytest
 
 from tidegate.policy.affinity import PrefixBlocks
-from tidegate.policy.peer_load import LearnedBlocks, PeerReport, PeerSum, ReplicaLoadReport, placed_since, sum_peers
+from tidegate.policy.peer_load import (
+    LearnedBlocks,
+    PeerReport,
+    PeerSum,
+    ReplicaLoadReport,
+    owned_replicas,
+    placed_since,
+    sum_peers,
+)
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo
 from tidegate.policy.slo_pick import TidegatePolicy
 
@@ -204,3 +212,50 @@ def test_a_peers_decoders_at_risk_count_once_each_in_our_placement():
 def test_garbage_budgets_are_refused(budgets):
     with pytest.raises(ValueError):
         ReplicaLoadReport(budgets=budgets)
+
+
+# ---------------------------------------------------------------------------- replicas owned among routers
+
+REPLICAS = [f"replica-{i:02d}" for i in range(16)]
+
+
+@pytest.mark.parametrize(("routers", "sizes"), [
+    (["r0"], [16]),
+    (["r0", "r1"], [8, 8]),
+    (["router-0", "router-1", "router-2", "router-3"], [4, 4, 4, 4]),
+    ([f"router-{k}" for k in range(7)], [3, 3, 2, 2, 2, 2, 2]),
+    ([f"router-{k:02d}" for k in range(20)], [1] * 16 + [0] * 4),     # more routers than replicas
+], ids=["one", "two", "four", "seven", "twenty"])
+def test_every_replica_has_one_owner_and_every_router_computes_the_same_split(routers, sizes):
+    owned = {r: owned_replicas(r, [p for p in routers if p != r], REPLICAS) for r in routers}
+    assert sorted(rid for mine in owned.values() for rid in mine) == REPLICAS      # each exactly once
+    assert [len(owned[r]) for r in sorted(routers)] == sizes
+    first = routers[0]
+    assert owned_replicas(first, reversed(routers), reversed(REPLICAS)) == owned[first]   # any order, itself too
+
+
+def test_with_peers_a_prompt_goes_to_the_cheapest_own_replica_in_the_band():
+    # a is idle; b and c carry a little more (within BAND_C of a's cost, not ties), d much more.
+    snap = PoolSnapshot(tuple(e(rid) for rid in "abcd"))
+    pol = TidegatePolicy()
+    for rid, prompt in (("b", 850), ("c", 1_800), ("d", 60_000)):
+        pol.on_dispatch(req(prompt, rid=f"load-{rid}"), rid)
+    costs = {p.replica_id: p.cost for p in pol.predictions(snap, req(2_000, rid="x"))}
+    assert costs["a"] + 0.01 < costs["b"] < costs["c"] - 0.01 < 1.25 * costs["a"] - 0.01 < costs["d"]   # no ties
+    assert pol.pick(snap, req(2_000, rid="x"), random.Random(0)).replica_id == "a"     # alone: the cheapest
+    pol.bind_router("router-0")
+    assert pol.pick(snap, req(2_000, rid="x"), random.Random(0)).replica_id == "a"     # no peer heard from yet
+    # The split of a-d among the routers is fixed by their ids: router-0 owns b and c of two
+    # routers, c and d of three.
+    assert owned_replicas("router-0", ["router-1"], "abcd") == {"b", "c"}
+    assert owned_replicas("router-0", ["router-1", "router-2"], "abcd") == {"c", "d"}
+    pol.on_peer_load("router-1", PeerReport({}))
+    assert pol.pick(snap, req(2_000, rid="x"), random.Random(0)).replica_id == "b"     # its cheapest in the band
+    pol.on_peer_load("router-2", PeerReport({}))
+    assert pol.pick(snap, req(2_000, rid="x"), random.Random(0)).replica_id == "c"     # d: out of the band
+    pol.on_dispatch(req(30_000, rid="more-c"), "c")                                  # c leaves the band too
+    assert pol.pick(snap, req(2_000, rid="x"), random.Random(0)).replica_id == "a"     # none of its own: the cheapest
+    pol.forget_peer("router-1")
+    pol.forget_peer("router-2")
+    pol.on_complete(req(30_000, rid="more-c"), "c")
+    assert pol.pick(snap, req(2_000, rid="x"), random.Random(0)).replica_id == "a"     # alone again

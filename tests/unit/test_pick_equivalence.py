@@ -148,6 +148,17 @@ def ref_predictions(pol: TidegatePolicy, snap: PoolSnapshot, request: RequestFea
     return preds, share
 
 
+def ref_owned(pol: TidegatePolicy, snap: PoolSnapshot) -> set[str]:
+    """The replicas of the table this router owns among itself and its peers: none without an id
+    or peers; else the replicas by id hash (blake2b, 8 bytes), dealt to the routers in id order."""
+    if pol._router_id is None or not pol._peers:
+        return set()
+    routers = sorted({pol._router_id, *pol._peers})
+    ordered = sorted((x.replica_id for x in snap.entries),
+                     key=lambda r: (int.from_bytes(hashlib.blake2b(r.encode(), digest_size=8).digest(), "big"), r))
+    return set(ordered[routers.index(pol._router_id)::len(routers)])
+
+
 def ref_pick(pol: TidegatePolicy, snap: PoolSnapshot, request: RequestFeatures, rng: random.Random):
     """(replica id, reason, score, candidates) or None: slo_pick.TidegatePolicy.pick, plainly."""
     preds, _ = ref_predictions(pol, snap, request)
@@ -176,9 +187,15 @@ def ref_pick(pol: TidegatePolicy, snap: PoolSnapshot, request: RequestFeatures, 
         if most > 0:   # cached somewhere: the cheapest of those holding the most decide, the home breaks ties
             least = min(p.cost for p in band)
             band = [p for p in band if p.cost <= least + COST_RESOLUTION]
-        chosen = min(band, key=lambda p: (-ref_rank(p.replica_id, home), p.cost))
+        # Cached nowhere, with peers: this router's own replicas first.
+        mine = ref_owned(pol, snap) if most == 0 else set()
+        chosen = min(band, key=lambda p: (p.replica_id not in mine, -ref_rank(p.replica_id, home), p.cost))
     else:
         ties = [p for p in fit if p.cost <= best + COST_RESOLUTION]
+        # With peers: the cheapest of its own replicas within the bounded-load band, if any.
+        own = [p for p in fit if p.cost <= BAND_C * best and p.replica_id in ref_owned(pol, snap)]
+        if own:
+            ties = [p for p in own if p.cost <= min(q.cost for q in own) + COST_RESOLUTION]
         chosen = ties[rng.randrange(len(ties))] if len(ties) > 1 else ties[0]
     return chosen.replica_id, reason, chosen.cost, len(preds)
 
@@ -257,11 +274,14 @@ def test_pick_and_predictions_match_the_plain_formulation(pools, ops, policy_slo
 @given(pools=st.lists(pool_st, min_size=1, max_size=3), ops=st.lists(peer_op_st, min_size=8, max_size=60),
        policy_slo=slo_st)
 def test_pick_and_predictions_with_peers_match_the_plain_formulation(pools, ops, policy_slo):
-    run_scenario(pools, ops, policy_slo)
+    run_scenario(pools, ops, policy_slo, router_id="p7")   # its peers are p0 and p1
 
 
-def run_scenario(pools, ops, policy_slo) -> None:
+def run_scenario(pools, ops, policy_slo, router_id: str | None = None) -> None:
     pol = TidegatePolicy(policy_slo)
+    if router_id is not None:   # and a peer heard from from the start, so that most picks have peers
+        pol.bind_router(router_id)
+        pol.on_peer_load("p0", PeerReport({}))
     flights: list[tuple[RequestFeatures, str]] = []
     capacity: dict[str, float] = {}
 

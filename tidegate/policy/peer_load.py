@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from tidegate.policy.affinity import _id_hash
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaLoadReport:
@@ -110,3 +112,21 @@ class PeerReport:
 
     loads: Mapping[str, ReplicaLoadReport]
     learned: tuple[LearnedBlocks, ...] = ()
+
+
+def owned_replicas(router_id: str, peers: Iterable[str], replica_ids: Iterable[str]) -> frozenset[str]:
+    """The replicas this router owns among the pool's routers (itself and the peers it hears
+    from): the replicas in the order of their id hashes, dealt out in turn to the routers in id
+    order. Every router computes the same split from the same ids, each replica has one owner and
+    each router about as many (a rendezvous split gave 8, 4, 2 and 2 of 16 replicas to 4 routers).
+
+    Why (slo_pick's choice within the bounded-load band): routers that run the same pick between
+    two peer reports see the same cheapest replicas and, blind to each other's latest placements,
+    stack their prompts on them. Azure code at 91 req/s: of the prompt tokens the other routers
+    had placed in the previous 55 ms, 4 routers put 8.9 % on the replica they chose, one router
+    5.6 % (6.4 % at random). Each router preferring its own replicas within the band keeps
+    concurrent routers apart; what it learns from its own placements it sees at once."""
+    routers = sorted({router_id, *peers})
+    k, n = routers.index(router_id), len(routers)
+    ordered = sorted(replica_ids, key=lambda rid: (_id_hash(rid), rid))
+    return frozenset(ordered[k::n])

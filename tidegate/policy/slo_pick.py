@@ -43,6 +43,7 @@ from tidegate.policy.peer_load import (
     PeerReport,
     PeerSum,
     ReplicaLoadReport,
+    owned_replicas,
     placed_since,
     sum_peers,
 )
@@ -160,6 +161,10 @@ class TidegatePolicy:
         self._peer_sum: dict[str, PeerSum] = {}
         # Blocks this router's index newly holds since its last report, per replica (for peers).
         self._learned: dict[str, tuple[list[int], float]] = {}
+        # This router's id as its peers' reports name it (bind_router), and the replicas it owns
+        # among them (peer_load.owned_replicas) for the peers and the table they were computed for.
+        self._router_id: str | None = None
+        self._owned: tuple[frozenset[str], tuple[RouteInfo, ...], frozenset[str]] | None = None
 
     # ------------------------------------------------------------------ prediction
 
@@ -376,9 +381,26 @@ class TidegatePolicy:
                 least = min(map(_COST, band))
                 band = [p for p in band if p[0] <= least + COST_RESOLUTION]
             key, rank = blocks.home_key, self._index.rank
-            chosen = band[0] if len(band) == 1 else min(band, key=lambda p: (-rank(p[2], key), p[0]))
+            if len(band) == 1:
+                chosen = band[0]
+            elif most == 0 and self._router_id is not None and self._peers:
+                # Cached nowhere, with peers: its own replicas first, then the home order (below).
+                mine = self._mine(self._router_id)
+                chosen = min(band, key=lambda p: (p[2] not in mine, -rank(p[2], key), p[0]))
+            else:
+                chosen = min(band, key=lambda p: (-rank(p[2], key), p[0]))
         else:
             ties = [p for p in fit if p[0] <= best + COST_RESOLUTION]
+            if self._router_id is not None and self._peers:
+                # With peers, the cheapest of its own replicas within the bounded-load band: between
+                # two peer reports the routers, blind to each other's latest placements, all see the
+                # same cheapest replica and stack their prompts on it (peer_load.owned_replicas).
+                mine = self._mine(self._router_id)
+                limit = self.band_c * best
+                own = [p for p in fit if p[0] <= limit and p[2] in mine]
+                if own:
+                    least = min(map(_COST, own))
+                    ties = [p for p in own if p[0] <= least + COST_RESOLUTION]
             chosen = ties[rng.randrange(len(ties))] if len(ties) > 1 else ties[0]
         return make_pick(by_id[chosen[2]], reason, chosen[0], len(preds))
 
@@ -444,6 +466,19 @@ class TidegatePolicy:
                 pending[0].extend(blocks.keys)
 
     # ------------------------------------------------------------------ peers (peer_load.py)
+
+    def bind_router(self, router_id: str) -> None:
+        """This router's id as its peers' reports name it. With peers, the pick prefers the
+        replicas this router owns among them (owned_replicas) within the bounded-load band."""
+        self._router_id = router_id
+
+    def _mine(self, router_id: str) -> frozenset[str]:
+        peers, entries = frozenset(self._peers), self._cands.entries
+        owned = self._owned
+        if owned is None or owned[0] != peers or owned[1] is not entries:
+            mine = owned_replicas(router_id, peers, [e.replica_id for e in entries])
+            owned = self._owned = (peers, entries, mine)
+        return owned[2]
 
     def take_report(self) -> PeerReport:
         """This router's own load per replica and the prefix blocks its requests used there since
