@@ -20,7 +20,8 @@ What runs, and with which real code:
   router; requests without prefix hashes go round-robin). The control plane sees the routers'
   in-flight counts summed;
 - with several routers, each whose policy has `take_report` (`tidegate`) hands its per-replica
-  load and the prefix blocks its requests used to its peers' `on_peer_load` every `peer_interval_s`
+  load, the prefix blocks its requests used and those of its requests that finished (peers pin
+  the first until the second) to its peers' `on_peer_load` every `peer_interval_s`
   (default 0.05 s, the live router's `--peer-load-interval-s`; 0: off), delivered
   `propagation_s` later, as the live router's etcd load record; other policies share nothing;
 - a router may poll every engine's queue and KV itself (`scrape_interval_s`, else the policy's

@@ -2,7 +2,8 @@
 
 Each router writes one `RouterLoad` record, under its presence lease, at
 /tidegate/v1/router-load/<router_id>: per pool, its own load on each replica, the prefix blocks
-its requests used since its previous record and what its admission queue holds (prefill tokens per
+its requests used since its previous record (peers pin them), those of its requests that finished
+since (peers release them) and what its admission queue holds (prefill tokens per
 class, its critical head's slack). `LoadPublisher` takes them every interval (0.05 s) and writes
 only when something moved (an idle router writes nothing; one that hears no peer, at most once
 a second). `PeerLoadWatcher` watches the prefix
@@ -12,8 +13,9 @@ router stopped or lost its lease) is forgotten (`forget_peer`).
 
 The publisher writes with the LeaseKeeper's lease but not through `LeaseKeeper.put`: that
 remembers the value to re-put it after an outage, and logs every failure. A record's learned
-blocks are those its requests used since the previous record, sent once; a failed write loses
-them (peers' affinity is a little weaker, never wrong) and the next tick writes the load again.
+and released blocks are those since the previous record, sent once; a failed write loses
+them (peers' affinity is a little weaker; a lost release leaves a peer's pins only until the
+router's record shows nothing in flight on that replica) and the next tick writes the load again.
 Failures are logged when they start and when they stop, not ten times a second.
 """
 
@@ -31,7 +33,7 @@ from google.protobuf.message import DecodeError
 from tidegate import keys
 from tidegate.errors import StoreError
 from tidegate.policy.admission import HeldReport
-from tidegate.policy.peer_load import LearnedBlocks, PeerReport, ReplicaLoadReport
+from tidegate.policy.peer_load import LearnedBlocks, PeerReport, ReleasedBlocks, ReplicaLoadReport
 from tidegate.store.api import KeyValue, Store
 from tidegate.store.lease import LeaseKeeper
 from tidegate.store.watchcache import WatchCache
@@ -78,6 +80,16 @@ def load_record(router_id: str, wall_s: float, reports: Mapping[str, PeerReport]
             keys_ = b.keys[:room]
             room -= len(keys_)
             p.learned.add(replica_id=b.replica_id, keys=keys_, tokens_per_block=b.tokens_per_block)
+    # Releases after every pool's learned blocks, in the same budget: a release cut off leaves
+    # the peer's pins until it reports nothing in flight there (PeerPins.settle); a learned key
+    # cut off is released by nobody, since a release applies only to what was pinned.
+    for pool, report in reports.items():
+        for r in report.released:
+            if room <= 0:
+                break
+            keys_ = r.keys[:room]
+            room -= len(keys_)
+            rec.pools[pool].released.add(replica_id=r.replica_id, keys=keys_)
     return rec
 
 
@@ -89,7 +101,8 @@ def peer_reports(rec: RouterLoad) -> dict[str, PeerReport]:
         loads = {rid: ReplicaLoadReport(r.queued_prefill, r.waiting, r.decoding, r.kv, r.placed_s, tuple(r.budgets))
                  for rid, r in p.replicas.items()}
         learned = tuple(LearnedBlocks(b.replica_id, tuple(b.keys), b.tokens_per_block) for b in p.learned)
-        out[pool] = PeerReport(loads, learned)
+        released = tuple(ReleasedBlocks(r.replica_id, tuple(r.keys)) for r in p.released)
+        out[pool] = PeerReport(loads, learned, released)
     return out
 
 
@@ -142,7 +155,7 @@ class LoadPublisher:
         lease = self._keeper.lease_id
         held = dict(self._held())
         loads = {pool: r.loads for pool, r in reports.items() if r.loads}
-        learned = any(r.learned for r in reports.values())
+        learned = any(r.learned or r.released for r in reports.values())
         if not lease:
             return False
         if (not learned and loads == self._written and held == self._written_held

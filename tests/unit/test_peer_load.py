@@ -8,11 +8,13 @@ import random
 
 import pytest
 
+from tidegate.policy import slo_pick
 from tidegate.policy.affinity import PrefixBlocks
 from tidegate.policy.peer_load import (
     LearnedBlocks,
     PeerReport,
     PeerSum,
+    ReleasedBlocks,
     ReplicaLoadReport,
     owned_replicas,
     placed_since,
@@ -173,6 +175,7 @@ def test_a_peers_reuse_keeps_a_prefix_recent_in_our_index(reused, kept, evicted)
         r = RequestFeatures(prompt_tokens=1_000, max_tokens=10, prefix_hashes=docs[name], req_id=f"{name}{n}",
                             prefix_block_tokens=100)
         sender.on_dispatch(r, "a")
+        sender.on_complete(r, "a")       # done within the interval: pinned, then released, in one report
         receiver.on_peer_load("router-0", sender.take_report())
 
     for name in "ABC":
@@ -182,6 +185,92 @@ def test_a_peers_reuse_keeps_a_prefix_recent_in_our_index(reused, kept, evicted)
     place("D", 0)
     cached = {name: receiver._index.cached_tokens("a", PrefixBlocks(doc, 1_000, 100)) for name, doc in docs.items()}
     assert cached == {**dict.fromkeys(kept, 1_000), evicted: 0}
+
+
+# A peer's running requests pin their blocks in our index, as the engine pins them. Replica a holds
+# 3 documents of 1,000 tokens. Steps: ("start", doc, n) a peer request n of doc starts, ("end", doc, n)
+# it finishes, ("lose",) the peer's next report is lost, ("forget",) the peer's record goes; every
+# step but "lose" is followed by the peer's report (requests that start and end in one step: "done").
+@pytest.mark.parametrize(("steps", "kept", "evicted"), [
+    # the oldest finished document goes; A, running, stays whatever comes after (B goes instead)
+    ([("done", "A"), ("done", "B"), ("done", "C"), ("done", "D")], "BCD", "A"),
+    ([("start", "A", 0), ("done", "B"), ("done", "C"), ("done", "D")], "ACD", "B"),
+    # under pressure: A pinned through two evictions
+    ([("start", "A", 0), ("done", "B"), ("done", "C"), ("done", "D"), ("done", "E")], "ADE", "BC"),
+    # released after B and C: evictable from then on, recent as of its release (B, then A, go)
+    ([("start", "A", 0), ("done", "B"), ("end", "A", 0), ("done", "C"), ("done", "D"), ("done", "E")],
+     "CDE", "AB"),
+    # two requests use A, one finishes: still pinned by the other
+    ([("start", "A", 0), ("start", "A", 1), ("end", "A", 0), ("done", "B"), ("done", "C"), ("done", "D")],
+     "ACD", "B"),
+    # a forgotten peer's pins go: A is the oldest evictable then
+    ([("start", "A", 0), ("forget",), ("done", "B"), ("done", "C"), ("done", "D")], "BCD", "A"),
+    # its release lost: the next report shows nothing in flight on a, so A's pin goes with it
+    ([("start", "A", 0), ("lose",), ("end", "A", 0), ("idle",), ("done", "B"), ("done", "C"), ("done", "D")],
+     "BCD", "A"),
+], ids=["none-running", "running-survives", "running-survives-twice", "released-evictable", "shared-pin",
+        "forgotten-peer", "lost-release"])
+def test_a_peers_running_requests_pin_their_blocks_in_our_index(steps, kept, evicted):
+    snap = PoolSnapshot((e("a", cap=3_000),))
+    docs = {name: tuple(range(100 * i, 100 * i + 10)) for i, name in enumerate("ABCDE")}
+    sender, receiver = TidegatePolicy(), TidegatePolicy()
+    receiver.predictions(snap, req(10))                           # the table: a's KV capacity
+    running: dict[tuple[str, int], RequestFeatures] = {}
+    lose = False
+    for step in steps:
+        kind = step[0]
+        if kind == "lose":
+            lose = True
+            continue
+        if kind == "forget":
+            receiver.forget_peer("router-0")
+            continue
+        if kind in ("start", "done"):
+            r = RequestFeatures(prompt_tokens=1_000, max_tokens=10, prefix_hashes=docs[step[1]],
+                                req_id=f"{step[1]}{step[2] if kind == 'start' else 'd'}", prefix_block_tokens=100)
+            sender.on_dispatch(r, "a")
+            if kind == "start":
+                running[(step[1], step[2])] = r
+            else:
+                sender.on_complete(r, "a")
+        elif kind == "end":
+            sender.on_complete(running.pop((step[1], step[2])), "a")
+        report = sender.take_report()
+        if lose:
+            lose = False
+        else:
+            receiver.on_peer_load("router-0", report)
+    cached = {name: receiver._index.cached_tokens("a", PrefixBlocks(docs[name], 1_000, 100)) for name in docs}
+    assert {n for n, c in cached.items() if c == 1_000} == set(kept)
+    assert all(cached[n] == 0 for n in evicted)
+    assert receiver._peer_pins.count() == 10 * len(running) * (("forget",) not in steps)
+
+
+def test_a_release_applies_only_to_what_the_peer_pinned():
+    receiver = TidegatePolicy()
+    receiver.predictions(PoolSnapshot((e("a", cap=3_000),)), req(10))
+    busy = {"a": R(waiting=1)}
+    receiver.on_peer_load("router-0", PeerReport(busy, (LearnedBlocks("a", (1, 2, 3), 100.0),)))
+    receiver.on_peer_load("router-1", PeerReport(busy, (), (ReleasedBlocks("a", (1, 2, 3, 9)),)))   # not its pins
+    receiver.on_peer_load("router-0", PeerReport(busy, (), (ReleasedBlocks("a", (3, 9)),)))
+    assert receiver._peer_pins.count("router-0") == 2 and receiver._peer_pins.count() == 2
+    assert receiver._index._lru["a"].refs == {1: 1, 2: 1}
+
+
+@pytest.mark.parametrize(("requests", "keys_each", "cap"), [(3, 10, 25), (1, 40, 25), (2, 10, 100)])
+def test_a_reports_released_blocks_are_bounded_per_replica(monkeypatch, requests, keys_each, cap):
+    monkeypatch.setattr(slo_pick, "MAX_LEARNED_KEYS", cap)
+    pol = TidegatePolicy()
+    for i in range(requests):
+        r = RequestFeatures(prompt_tokens=1_000, max_tokens=10, prefix_hashes=tuple(range(keys_each)),
+                            req_id=f"q{i}", prefix_block_tokens=100)
+        pol.on_dispatch(r, "a")
+        pol.on_complete(r, "a")
+    report = pol.take_report()
+    # whole requests until the cap is reached (then none): at most cap + one request's keys
+    want = min(requests, -(-cap // keys_each)) * keys_each
+    assert [(b.replica_id, len(b.keys)) for b in report.released] == [("a", want)]
+    assert pol.take_report().released == ()                       # a delta: taken once
 
 
 @pytest.mark.parametrize("tpb", [0.0, -1.0, math.inf, math.nan], ids=["zero", "negative", "inf", "nan"])

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidegate.policy.affinity import PrefixBlocks, PrefixIndex
-from tidegate.policy.peer_load import LearnedBlocks, PeerReport, ReplicaLoadReport
+from tidegate.policy.peer_load import LearnedBlocks, PeerReport, ReleasedBlocks, ReplicaLoadReport
 from tidegate.policy.predict import DEFAULT_RATES, Prediction, Rates, ReplicaLoad, pool_rates, predict
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets
 from tidegate.policy.slo_pick import BAND_C, COST_RESOLUTION, MIN_SHARE, TidegatePolicy
@@ -284,6 +284,7 @@ def run_scenario(pools, ops, policy_slo, router_id: str | None = None) -> None:
         pol.on_peer_load("p0", PeerReport({}))
     flights: list[tuple[RequestFeatures, str]] = []
     capacity: dict[str, float] = {}
+    peer_pinned: dict[str, list[tuple[str, tuple[int, ...]]]] = {"p0": [], "p1": []}   # what each peer pinned
 
     def seen(entries: tuple[RouteInfo, ...], exclude: frozenset[str]) -> None:
         """What on_dispatch reads (rates, KV capacities) comes from the last table that had a candidate."""
@@ -300,10 +301,16 @@ def run_scenario(pools, ops, policy_slo, router_id: str | None = None) -> None:
         if kind == "peer":
             # Blocks a peer placed: the request's own, on one replica (cached there for every router).
             learned = (LearnedBlocks(f"r{n % 10}", tuple(ref_chained(hashes)), float(block or 64)),) if hashes else ()
-            pol.on_peer_load(f"p{n % 2}", PeerReport(report, learned))
+            # Pinned for the peer's request, and released with a later report of that peer (flag):
+            # the index's holders must stay those of its blocks through pins and releases.
+            peer = f"p{n % 2}"
+            done = (ReleasedBlocks(*peer_pinned[peer].pop(0)),) if flag and peer_pinned[peer] else ()
+            peer_pinned[peer].extend((b.replica_id, b.keys) for b in learned)
+            pol.on_peer_load(peer, PeerReport(report, learned, done))
             continue
         if kind == "forget":
             pol.forget_peer(f"p{n % 2}")
+            peer_pinned[f"p{n % 2}"].clear()
             continue
         if kind == "pick":
             request = RequestFeatures(prompt_tokens=prompt, max_tokens=out, prefix_hashes=hashes, req_id=f"q{k}",

@@ -14,7 +14,7 @@ import structlog
 
 from tidegate import keys
 from tidegate.policy.admission import HeldReport
-from tidegate.policy.peer_load import LearnedBlocks, PeerReport, ReplicaLoadReport
+from tidegate.policy.peer_load import LearnedBlocks, PeerReport, ReleasedBlocks, ReplicaLoadReport
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo
 from tidegate.policy.slo_pick import TidegatePolicy
 from tidegate.router.peer_load import LoadPublisher, PeerLoadWatcher, held_reports, load_record, peer_reports
@@ -49,7 +49,8 @@ async def until(cond: Callable[[], bool], timeout_s: float = 2.0) -> None:
 def test_a_record_carries_the_reports_through_bytes_unchanged():
     reports = {POOL: PeerReport({"a": ReplicaLoadReport(1200.0, 2, 3, 5000.0, 0.25, (0.1, 0.4)),
                                  "b": ReplicaLoadReport()},
-                                (LearnedBlocks("a", (1, -2, 2**63 - 1, -(2**63)), 64.0),)),
+                                (LearnedBlocks("a", (1, -2, 2**63 - 1, -(2**63)), 64.0),),
+                                (ReleasedBlocks("a", (-2, 2**63 - 1)), ReleasedBlocks("b", (5,)))),
                "other": PeerReport({"c": ReplicaLoadReport(decoding=1, kv=10.0)}, ())}
     rec = RouterLoad.FromString(load_record("r0", 1000.0, reports).SerializeToString())
     assert rec.router_id == "r0" and rec.updated_at.ToNanoseconds() == 1000 * 10**9
@@ -62,6 +63,23 @@ def test_learned_keys_past_the_cap_are_left_out_not_the_load():
     got = peer_reports(load_record("r0", 0.0, reports, max_keys=4))[POOL]
     assert got.loads == reports[POOL].loads
     assert [b.keys for b in got.learned] == [(1, 2, 3), (4,)]
+
+
+@pytest.mark.parametrize(("max_keys", "learned", "released"), [
+    (10, [(1, 2, 3), (4, 5)], [(1, 2, 3)]),        # all fits
+    (6, [(1, 2, 3), (4, 5)], [(1,)]),               # releases share the budget, after the learned keys
+    (4, [(1, 2, 3), (4,)], []),
+    (2, [(1, 2)], []),
+], ids=["fits", "release-cut", "no-room-for-releases", "learned-cut"])
+def test_a_records_keys_learned_and_released_stay_under_the_cap(max_keys, learned, released):
+    reports = {POOL: PeerReport({"a": ReplicaLoadReport(waiting=1)},
+                                (LearnedBlocks("a", (1, 2, 3), 64.0), LearnedBlocks("b", (4, 5), 64.0)),
+                                (ReleasedBlocks("a", (1, 2, 3)),))}
+    got = peer_reports(load_record("r0", 0.0, reports, max_keys=max_keys))[POOL]
+    assert got.loads == reports[POOL].loads
+    assert [b.keys for b in got.learned] == learned
+    assert [b.keys for b in got.released] == released
+    assert sum(len(b.keys) for b in (*got.learned, *got.released)) <= max_keys
 
 
 @pytest.mark.parametrize("mutate", [

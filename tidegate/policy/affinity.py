@@ -213,9 +213,13 @@ class PrefixIndex:
 
     def release(self, replica_id: str, blocks: PrefixBlocks) -> None:
         """A request `learn`ed with `pin` is done there: its blocks may be evicted from now on."""
+        self.release_keys(replica_id, blocks.keys)
+
+    def release_keys(self, replica_id: str, keys: Sequence[int]) -> None:
+        """`release` from the keys themselves (a peer's finished requests, peer_load.PeerPins)."""
         idx = self._lru.get(replica_id)
-        if idx is not None and blocks.keys:
-            idx.release(blocks.keys)
+        if idx is not None and keys:
+            idx.release(keys)
 
     def learn_keys(self, replica_id: str, keys: Sequence[int], tokens_per_block: float,
                    capacity_tokens: float, pin: bool = False) -> list[int]:

@@ -12,14 +12,16 @@ where prefixes are cached from its own dispatches, so with requests spread round
 routers each knows about 1/N of the pool's caches. Reports therefore also carry the prefix
 blocks the router's requests used on each replica since its previous report (new there or
 reused: a reuse makes them recent in the engine's cache, which peers' indexes must see to evict
-what the engine evicts), which peers add to their own index or refresh there.
+what the engine evicts), which peers add to their own index pinned, and those of its requests
+that finished since, which peers release there: the engine cannot evict a block a running
+request uses, whichever router sent it (PeerPins).
 
 Pure data and arithmetic: no clock, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tidegate.policy.affinity import _id_hash
@@ -107,11 +109,91 @@ class LearnedBlocks:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleasedBlocks:
+    """Prefix blocks of a router's requests on a replica that finished: each key as often as one
+    of its requests had used it (reported in `LearnedBlocks`)."""
+
+    replica_id: str
+    keys: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class PeerReport:
-    """What a router tells its peers: its load per replica, and the blocks learned since last time."""
+    """What a router tells its peers: its load per replica, the blocks its requests used since
+    last time, and those of its requests that finished since (peers hold a peer's blocks pinned
+    in their index from the first to the second, as the engine holds them: PeerPins)."""
 
     loads: Mapping[str, ReplicaLoadReport]
     learned: tuple[LearnedBlocks, ...] = ()
+    released: tuple[ReleasedBlocks, ...] = ()
+
+
+class PeerPins:
+    """Which prefix blocks each peer's running requests pin on each replica, in this router's
+    index: key -> how many of its requests use it (each `LearnedBlocks` key once per request).
+
+    Why: the engine keeps a block while any request uses it, whoever routed the request, and
+    frees it least recently released first. A peer's blocks entered as released at once (evictable
+    here) were evicted here while the engine still held them, and kept here in the stead of blocks
+    the engine had dropped (Mooncake, 4 routers: 2.4M prompt tokens predicted cached that were
+    not, 1 router 0.15M). Bounded: a release is applied only to what the peer pinned; a replica
+    where the peer reports nothing in flight has none of its pins left (a lost or truncated
+    release does not leave a pin behind); a forgotten peer's pins all go (`drop`)."""
+
+    __slots__ = ("_pins",)
+
+    def __init__(self) -> None:
+        self._pins: dict[str, dict[str, dict[int, int]]] = {}   # peer -> replica -> key -> uses
+
+    def pin(self, peer: str, replica_id: str, keys: Iterable[int]) -> None:
+        held = self._pins.setdefault(peer, {}).setdefault(replica_id, {})
+        for k in keys:
+            held[k] = held.get(k, 0) + 1
+
+    def unpin(self, peer: str, replica_id: str, keys: Sequence[int]) -> list[int]:
+        """The keys of `keys` the peer had pinned there, now no longer: what to release in the
+        index (in the given order, so that a request's tail goes first)."""
+        held = self._pins.get(peer, {}).get(replica_id)
+        if not held:
+            return []
+        out = []
+        for k in keys:
+            n = held.get(k)
+            if n is None:
+                continue    # never pinned here (its learned keys were cut off, or lost): nothing to undo
+            out.append(k)
+            if n > 1:
+                held[k] = n - 1
+            else:
+                del held[k]
+        return out
+
+    def settle(self, peer: str, loads: Mapping[str, ReplicaLoadReport]) -> dict[str, list[int]]:
+        """After a peer's report: per replica, the pins it still holds where it reports no request
+        in flight (their release was lost or cut off), dropped and returned to be released."""
+        reps = self._pins.get(peer)
+        if not reps:
+            return {}
+        out = {}
+        for rid in list(reps):
+            r = loads.get(rid)
+            if r is None or r.waiting + r.decoding == 0:
+                held = reps.pop(rid)
+                if held:
+                    out[rid] = [k for k, n in held.items() for _ in range(n)]
+        if not reps:
+            del self._pins[peer]
+        return out
+
+    def drop(self, peer: str) -> dict[str, list[int]]:
+        """A peer is forgotten: every pin it held, per replica, to be released."""
+        reps = self._pins.pop(peer, {})
+        return {rid: [k for k, n in held.items() for _ in range(n)] for rid, held in reps.items() if held}
+
+    def count(self, peer: str | None = None) -> int:
+        """Pins held (by one peer or all): for tests and bounds."""
+        peers = [peer] if peer is not None else list(self._pins)
+        return sum(n for p in peers for held in self._pins.get(p, {}).values() for n in held.values())
 
 
 def owned_replicas(router_id: str, peers: Iterable[str], replica_ids: Iterable[str]) -> frozenset[str]:

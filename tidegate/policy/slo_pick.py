@@ -40,8 +40,10 @@ from tidegate.policy.affinity import PrefixBlocks, PrefixIndex
 from tidegate.policy.peer_load import (
     NO_PEER_LOAD,
     LearnedBlocks,
+    PeerPins,
     PeerReport,
     PeerSum,
+    ReleasedBlocks,
     ReplicaLoadReport,
     owned_replicas,
     placed_since,
@@ -159,8 +161,12 @@ class TidegatePolicy:
         self._placed: dict[str, float] = {}
         self._peers: dict[str, Mapping[str, ReplicaLoadReport]] = {}
         self._peer_sum: dict[str, PeerSum] = {}
-        # Blocks this router's index newly holds since its last report, per replica (for peers).
+        # Blocks this router's requests used since its last report, per replica, and those of its
+        # requests that finished since (for peers, who pin the first until the second), and the
+        # peers' blocks pinned here for their running requests.
         self._learned: dict[str, tuple[list[int], float]] = {}
+        self._released: dict[str, list[int]] = {}
+        self._peer_pins = PeerPins()
         # This router's id as its peers' reports name it (bind_router), and the replicas it owns
         # among them (peer_load.owned_replicas) for the peers and the table they were computed for.
         self._router_id: str | None = None
@@ -492,13 +498,15 @@ class TidegatePolicy:
             loads[rid] = ReplicaLoadReport(max(0.0, own.queued), own.waiting, own.decoding, max(0.0, own.kv), placed,
                                            tuple(b for b in budgets if b > 0.0))
         learned = tuple(LearnedBlocks(rid, tuple(keys), tpb) for rid, (keys, tpb) in self._learned.items())
-        self._learned = {}
-        return PeerReport(loads, learned)
+        released = tuple(ReleasedBlocks(rid, tuple(keys)) for rid, keys in self._released.items())
+        self._learned, self._released = {}, {}
+        return PeerReport(loads, learned, released)
 
     def on_peer_load(self, router_id: str, report: PeerReport) -> None:
         """A peer's latest report: from now on its load is added to ours, the prefill it placed
         since its previous report stalls our sequences there, and the blocks it placed are in
-        our index (they are in the replica's cache whoever sent them)."""
+        our index (they are in the replica's cache whoever sent them), pinned until it reports
+        their requests finished."""
         for rid, placed in placed_since(self._peers.get(router_id), report.loads).items():
             own = self._own.get(rid)
             if own is not None:
@@ -517,11 +525,23 @@ class TidegatePolicy:
                 own.merged = None
         self._peers[router_id] = dict(report.loads)
         self._peer_sum = sum_peers(self._peers.values())
+        # Its requests' blocks are pinned here while they run, as the engine pins them, and
+        # released when they finish (peer_load.PeerPins says why); in the report's order: a
+        # request that started and finished within one interval is pinned, then released.
+        pins, index = self._peer_pins, self._index
         for b in report.learned:
-            self._index.learn_keys(b.replica_id, b.keys, b.tokens_per_block, self._capacity.get(b.replica_id, 0.0))
+            index.learn_keys(b.replica_id, b.keys, b.tokens_per_block, self._capacity.get(b.replica_id, 0.0), pin=True)
+            pins.pin(router_id, b.replica_id, b.keys)
+        for rel in report.released:
+            index.release_keys(rel.replica_id, pins.unpin(router_id, rel.replica_id, rel.keys))
+        for rid, stale in pins.settle(router_id, report.loads).items():
+            index.release_keys(rid, stale)
 
     def forget_peer(self, router_id: str) -> None:
-        """A peer is gone (its presence expired): its load no longer counts."""
+        """A peer is gone (its presence expired): its load no longer counts and the blocks it
+        pinned here become evictable."""
+        for rid, keys in self._peer_pins.drop(router_id).items():
+            self._index.release_keys(rid, keys)
         if self._peers.pop(router_id, None) is not None:
             self._peer_sum = sum_peers(self._peers.values())
         for rid, own in list(self._own.items()):
@@ -566,6 +586,10 @@ class TidegatePolicy:
         own.kv = max(0.0, own.kv - f.kv)
         if f.blocks is not None:
             self._index.release(replica_id, f.blocks)
+            if f.blocks.keys:   # peers pinned them when told (take_report): they release them too
+                done = self._released.setdefault(replica_id, [])
+                if len(done) < MAX_LEARNED_KEYS:
+                    done.extend(f.blocks.keys)
         i = bisect.bisect_left(own.stall_keys, f.stall_key)
         if i < len(own.stall_keys) and own.stall_keys[i] == f.stall_key:
             del own.stall_keys[i]

@@ -333,7 +333,7 @@ class RouterLoad(_message.Message):
     def __init__(self, router_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pools: _Optional[_Mapping[str, PoolLoad]] = ...) -> None: ...
 
 class PoolLoad(_message.Message):
-    __slots__ = ("replicas", "learned", "held")
+    __slots__ = ("replicas", "learned", "held", "released")
     class ReplicasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -344,10 +344,12 @@ class PoolLoad(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LEARNED_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.MessageMap[str, ReplicaLoad]
     learned: _containers.RepeatedCompositeFieldContainer[LearnedBlocks]
     held: HeldLoad
-    def __init__(self, replicas: _Optional[_Mapping[str, ReplicaLoad]] = ..., learned: _Optional[_Iterable[_Union[LearnedBlocks, _Mapping]]] = ..., held: _Optional[_Union[HeldLoad, _Mapping]] = ...) -> None: ...
+    released: _containers.RepeatedCompositeFieldContainer[ReleasedBlocks]
+    def __init__(self, replicas: _Optional[_Mapping[str, ReplicaLoad]] = ..., learned: _Optional[_Iterable[_Union[LearnedBlocks, _Mapping]]] = ..., held: _Optional[_Union[HeldLoad, _Mapping]] = ..., released: _Optional[_Iterable[_Union[ReleasedBlocks, _Mapping]]] = ...) -> None: ...
 
 class HeldLoad(_message.Message):
     __slots__ = ("tokens", "critical_slack_s")
@@ -389,3 +391,11 @@ class LearnedBlocks(_message.Message):
     keys: _containers.RepeatedScalarFieldContainer[int]
     tokens_per_block: float
     def __init__(self, replica_id: _Optional[str] = ..., keys: _Optional[_Iterable[int]] = ..., tokens_per_block: _Optional[float] = ...) -> None: ...
+
+class ReleasedBlocks(_message.Message):
+    __slots__ = ("replica_id", "keys")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    keys: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, replica_id: _Optional[str] = ..., keys: _Optional[_Iterable[int]] = ...) -> None: ...
