@@ -42,7 +42,7 @@ def _mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _id_hash(replica_id: str) -> int:
+def id_hash(replica_id: str) -> int:
     # Process-independent (str.__hash__ is salted per process; routers must agree).
     return int.from_bytes(hashlib.blake2b(replica_id.encode(), digest_size=8).digest(), "big")
 
@@ -249,7 +249,7 @@ class PrefixIndex:
         """Rendezvous score of `replica_id` for `home_key`: higher = more at home."""
         h = self._ids.get(replica_id)
         if h is None:
-            h = self._ids[replica_id] = _id_hash(replica_id)
+            h = self._ids[replica_id] = id_hash(replica_id)
         return _mix64(home_key ^ h)
 
 
@@ -259,4 +259,4 @@ def home_order(replica_ids: Sequence[str], blocks: PrefixBlocks) -> list[str]:
     if blocks.home_key is None:
         return list(replica_ids)
     key = blocks.home_key
-    return sorted(replica_ids, key=lambda r: (-_mix64(key ^ _id_hash(r)), r))
+    return sorted(replica_ids, key=lambda r: (-_mix64(key ^ id_hash(r)), r))

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from tidegate.policy.affinity import _id_hash
+from tidegate.policy.affinity import id_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +180,7 @@ class PeerPins:
             if r is None or r.waiting + r.decoding == 0:
                 held = reps.pop(rid)
                 if held:
-                    out[rid] = [k for k, n in held.items() for _ in range(n)]
+                    out[rid] = _each_use(held)
         if not reps:
             del self._pins[peer]
         return out
@@ -188,12 +188,17 @@ class PeerPins:
     def drop(self, peer: str) -> dict[str, list[int]]:
         """A peer is forgotten: every pin it held, per replica, to be released."""
         reps = self._pins.pop(peer, {})
-        return {rid: [k for k, n in held.items() for _ in range(n)] for rid, held in reps.items() if held}
+        return {rid: _each_use(held) for rid, held in reps.items() if held}
 
     def count(self, peer: str | None = None) -> int:
         """Pins held (by one peer or all): for tests and bounds."""
         peers = [peer] if peer is not None else list(self._pins)
         return sum(n for p in peers for held in self._pins.get(p, {}).values() for n in held.values())
+
+
+def _each_use(held: Mapping[int, int]) -> list[int]:
+    """Each pinned key once per request using it: what releases them all in the index."""
+    return [k for k, n in held.items() for _ in range(n)]
 
 
 def owned_replicas(router_id: str, peers: Iterable[str], replica_ids: Iterable[str]) -> frozenset[str]:
@@ -210,5 +215,5 @@ def owned_replicas(router_id: str, peers: Iterable[str], replica_ids: Iterable[s
     concurrent routers apart; what it learns from its own placements it sees at once."""
     routers = sorted({router_id, *peers})
     k, n = routers.index(router_id), len(routers)
-    ordered = sorted(replica_ids, key=lambda rid: (_id_hash(rid), rid))
+    ordered = sorted(replica_ids, key=lambda rid: (id_hash(rid), rid))
     return frozenset(ordered[k::n])
