@@ -28,6 +28,8 @@ _WORK_FIELDS = (
     ("itl_sum_s", "itl_sum_s"),
     ("itl_count", "itl_count"),
     ("busy_seconds_total", "busy_s"),
+    ("prefill_time_sum_s", "prefill_time_sum_s"),
+    ("prefill_time_count", "prefill_time_count"),
 )
 
 

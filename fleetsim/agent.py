@@ -142,7 +142,8 @@ class SimAgent:
         sample = EngineSample(
             engine="vllm", prompt_tokens_total=s.prompt_tokens_total, generation_tokens_total=s.generation_tokens_total,
             steps_total=s.steps_total, step_tokens_total=s.step_tokens_total, itl_sum_s=s.itl_sum_s,
-            itl_count=s.itl_count, prefix_cache_hits_total=s.prefix_cache_hits_total)
+            itl_count=s.itl_count, prefix_cache_hits_total=s.prefix_cache_hits_total,
+            prefill_time_sum_s=s.prefill_time_sum_s, prefill_time_count=s.prefill_time_count)
         if self._prev is not None:
             eng.work.CopyFrom(telemetry_pb2.EngineWork(**work_deltas(self._prev[1], sample, now_s - self._prev[0])))
         self._prev = (now_s, sample)

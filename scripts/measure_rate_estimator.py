@@ -109,6 +109,8 @@ def run(profile: Profile, reqs: list[TraceRequest], interval_s: float, warmup_s:
         for o in res.outputs:
             if o.itl_s is not None:
                 metrics.observe_inter_token(o.itl_s)
+            if o.finished:
+                metrics.observe_finished(o.e2e_s or 0.0, prefill_s=o.prefill_s)
         true_ms = res.duration_s * 1000.0
         busy += res.duration_s
         decodes = res.num_decode_tokens
@@ -132,6 +134,7 @@ def run(profile: Profile, reqs: list[TraceRequest], interval_s: float, warmup_s:
         "mixed_p50": _pct(mixed_err, 0.5), "mixed_p90": _pct(mixed_err, 0.9),
         "win_p50": _pct(win_err, 0.5), "win_p90": _pct(win_err, 0.9),
         "win_bias": statistics.fmean(win_bias) if win_bias else float("nan"),
+        "window_s": est.window_s,
         "base": pub.decode_step_base_ms, "per_seq": pub.decode_step_per_seq_ms, "prefill": pub.prefill_tokens_per_s,
     }
 
@@ -152,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"trace {args.trace.name} every {args.every}, {args.duration:g} s per run, warm-up {args.warmup:g} s, "
           f"prior {'profile' if args.seeded else 'generic'}, {args.flavor} metrics")
     print("| profile | load | mean batch | busy | decode step err p50/p90 | mixed step err p50/p90 "
-          "| window mean err p50/p90 | window bias | base ms | per-seq ms | prefill tok/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| window mean err p50/p90 | window bias | fit window s | base ms | per-seq ms | prefill tok/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.profiles.split(","):
         profile = get_profile(name)
         truth = profile_prior(profile)
@@ -162,9 +165,9 @@ def main(argv: list[str] | None = None) -> int:
             m = run(profile, reqs, args.interval, args.warmup, args.duration, args.seeded, args.flavor)
             print(f"| {name} | {load_frac:g} | {m['batch']:.1f} | {m['busy']:.0%} "
                   f"| {m['decode_p50']:.1%} / {m['decode_p90']:.1%} | {m['mixed_p50']:.1%} / {m['mixed_p90']:.1%} "
-                  f"| {m['win_p50']:.1%} / {m['win_p90']:.1%} | {m['win_bias']:+.1%} "
+                  f"| {m['win_p50']:.1%} / {m['win_p90']:.1%} | {m['win_bias']:+.1%} | {m['window_s']:.1f} "
                   f"| {m['base']:.2f} | {m['per_seq']:.3f} | {m['prefill']:.0f} |")
-        print(f"| {name} | cost model (ctx 1k) | | | | | | | {truth.decode_step_base_ms:.2f} "
+        print(f"| {name} | cost model (ctx 1k) | | | | | | | | {truth.decode_step_base_ms:.2f} "
               f"| {truth.decode_step_per_seq_ms:.3f} | {truth.prefill_tokens_per_s:.0f} |")
     return 0
 

@@ -100,6 +100,7 @@ class _Request:
     cached_tokens: int = 0  # prefix-cache hit tokens at its first admission
     first_token_s: float | None = None
     last_token_s: float | None = None
+    scheduled_s: float | None = None  # start of the first step that scheduled it (vLLM's scheduled_ts)
     num_preemptions: int = 0
 
     @property
@@ -126,6 +127,9 @@ class RequestOutput:
     ttft_s: float | None  # set on the first token
     itl_s: float | None  # set on later tokens: time since the previous token
     e2e_s: float | None  # set when finished
+    # Set when finished: first token minus first scheduled (vLLM V1 observes
+    # vllm:request_prefill_time_seconds for a request when it finishes).
+    prefill_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,10 @@ class EngineStats:
     itl_sum_s: float = 0.0  # sum over sampled non-first tokens of the time since the previous token
     itl_count: int = 0
     busy_s: float = 0.0  # summed step durations
+    # vllm:request_prefill_time_seconds _sum/_count: per finished request, first token minus the
+    # start of its first scheduled step (how long its prefill spanned, chunks and all).
+    prefill_time_sum_s: float = 0.0
+    prefill_time_count: int = 0
 
     @property
     def kv_usage(self) -> float:
@@ -227,6 +235,8 @@ class _Counters:
     itl_sum_s: float = 0.0
     itl_count: int = 0
     busy_s: float = 0.0
+    prefill_time_sum_s: float = 0.0
+    prefill_time_count: int = 0
     iteration_buckets: list[int] = field(default_factory=lambda: [0] * (len(ITERATION_TOKENS_BUCKETS) + 1))
 
     def count_step(self, tokens: int, duration_s: float, n: int = 1) -> None:
@@ -540,6 +550,8 @@ class Engine:
                 decode_tokens += n
             else:
                 prefill_tokens += n
+            if req.scheduled_s is None:
+                req.scheduled_s = now_s
             before = req.num_computed
             req.num_computed += n
             req.computed_total += n
@@ -571,8 +583,13 @@ class Engine:
                 self._c.itl_count += 1
             req.last_token_s = end_s
             done = req.num_output >= req.max_tokens
+            prefill_s = None
             if done:
                 e2e = end_s - req.arrival_s
+                if req.first_token_s is not None and req.scheduled_s is not None:
+                    prefill_s = req.first_token_s - req.scheduled_s
+                    self._c.prefill_time_sum_s += prefill_s
+                    self._c.prefill_time_count += 1
                 self._running.remove(req)
                 self._free(req)
                 req.status = Status.FINISHED
@@ -582,7 +599,7 @@ class Engine:
                 if events is not None:
                     events.append(RequestEvent(req.req_id, "finished", end_s))
             outputs.append(RequestOutput(req.req_id, 1, req.num_output, first, done,
-                                         "length" if done else None, req.prompt_tokens, ttft, itl, e2e))
+                                         "length" if done else None, req.prompt_tokens, ttft, itl, e2e, prefill_s))
 
         if n_tokens:
             self._c.count_step(iteration_tokens, duration_s)
@@ -757,6 +774,8 @@ class Engine:
             itl_sum_s=self._c.itl_sum_s,
             itl_count=self._c.itl_count,
             busy_s=self._c.busy_s,
+            prefill_time_sum_s=self._c.prefill_time_sum_s,
+            prefill_time_count=self._c.prefill_time_count,
         )
 
     def request_status(self, req_id: str) -> Status | None:

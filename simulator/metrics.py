@@ -8,7 +8,9 @@ Flavours (``--metrics-flavor``):
   vllm:prefix_cache_hits_total (tokens), vllm:request_success_total, vllm:cache_config_info, and
   the histograms vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
   vllm:e2e_request_latency_seconds, vllm:iteration_tokens_total (tokens per engine step: prompt
-  tokens of prefills completed in the step plus sampled tokens, as vLLM counts them).
+  tokens of prefills completed in the step plus sampled tokens, as vLLM counts them),
+  vllm:request_prefill_time_seconds (first token minus first scheduled, observed when the request
+  finishes, as V1 does; V0 exports it too).
 - ``vllm-v0``: the V0 names, label model_name: vllm:gpu_cache_usage_perc,
   vllm:num_requests_swapped, vllm:gpu_prefix_cache_hit_rate, vllm:time_per_output_token_seconds
   (and vllm:iteration_tokens_total, which V0 exports too).
@@ -175,6 +177,12 @@ class SimMetrics:
         self._e2e = Histogram(prefix + "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                               names, buckets=buckets[2], registry=self.registry).labels(*values)
         self._label_values = values
+        self._prefill: Histogram | None = None
+        if flavor != "sglang":
+            self._prefill = Histogram("vllm:request_prefill_time_seconds",
+                                      "Histogram of time spent in PREFILL phase for request.", names,
+                                      buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry).labels(*values)
+        self._time_scale = time_scale
 
     def observe_first_token(self, ttft_s: float) -> None:
         self._ttft.observe(ttft_s)
@@ -182,8 +190,11 @@ class SimMetrics:
     def observe_inter_token(self, itl_s: float) -> None:
         self._itl.observe(itl_s)
 
-    def observe_finished(self, e2e_s: float, finish_reason: str = "length") -> None:
+    def observe_finished(self, e2e_s: float, finish_reason: str = "length", *, prefill_s: float | None = None) -> None:
+        """`prefill_s` in engine seconds (the engine's own clock), scaled here like its busy time."""
         self._e2e.observe(e2e_s)
+        if self._prefill is not None and prefill_s is not None:
+            self._prefill.observe(prefill_s * self._time_scale)
         if self._success is not None:
             self._success.labels(*self._label_values, finish_reason).inc()
 

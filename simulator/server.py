@@ -164,7 +164,8 @@ class SimServer:
                     self.metrics.observe_inter_token(now - track.last_token)
                 track.last_token = now
                 if out.finished:
-                    self.metrics.observe_finished(now - track.arrival, out.finish_reason or "length")
+                    self.metrics.observe_finished(now - track.arrival, out.finish_reason or "length",
+                                                  prefill_s=out.prefill_s)
                     track.done = True
                     del self._tracks[out.req_id]
                 track.queue.put_nowait(out)

@@ -25,6 +25,8 @@ For the control plane's rate estimator (cumulative; the collector turns them int
   (summed over its cache_source label)
 - busy time: none in vLLM / sglang:gpu_execution_seconds_total (summed over its category label;
   recent SGLang only)
+- how long prefills span: vllm:request_prefill_time_seconds _sum/_count (V1 and V0: first token
+  minus first scheduled, per finished request) / none in SGLang
 
 TGI exports far less, and only per-request histograms (metrics-exporter-prometheus, no `_total`):
 
@@ -95,6 +97,8 @@ class EngineSample:
     step_tokens_total: float | None = None
     prefix_cache_hits_total: float | None = None  # tokens
     busy_seconds_total: float | None = None
+    prefill_time_sum_s: float | None = None   # summed prefill durations of finished requests
+    prefill_time_count: float | None = None
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -121,6 +125,8 @@ class _Names:
     busy: tuple[str, ...]
     # Histograms whose _sum/_count are token-weighted decode time (the ITL's, except in TGI).
     work_itl: tuple[str, ...]
+    # Histograms of each request's prefill duration (first token minus first scheduled).
+    prefill_time: tuple[str, ...]
     prefix: str
 
 
@@ -138,6 +144,7 @@ _VLLM = _Names(
     cache_hits=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
     busy=(),
     work_itl=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    prefill_time=("vllm:request_prefill_time_seconds",),
     prefix="vllm:",
 )
 
@@ -155,6 +162,7 @@ _SGLANG = _Names(
     cache_hits=("sglang:cached_tokens_total",),
     busy=("sglang:gpu_execution_seconds_total",),
     work_itl=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    prefill_time=(),
     prefix="sglang:",
 )
 
@@ -172,6 +180,7 @@ _TGI = _Names(
     cache_hits=(),
     busy=(),
     work_itl=(),
+    prefill_time=(),
     prefix="tgi_",
 )
 
@@ -305,6 +314,7 @@ def parse_metrics(text: str, model: str | None = None, dialect: str = "auto") ->
         kv_usage = min(1.0, max(0.0, kv_usage))
     itl_sum, itl_count = _hist_sum_count(idx, names.work_itl)
     step_tokens, steps = _hist_sum_count(idx, names.iterations)
+    prefill_sum, prefill_count = _hist_sum_count(idx, names.prefill_time)
     return EngineSample(
         engine=engine,
         running=int(running or 0),
@@ -324,4 +334,6 @@ def parse_metrics(text: str, model: str | None = None, dialect: str = "auto") ->
         step_tokens_total=step_tokens,
         prefix_cache_hits_total=_sum(idx, names.cache_hits),
         busy_seconds_total=_sum(idx, names.busy),
+        prefill_time_sum_s=prefill_sum,
+        prefill_time_count=prefill_count,
     )

@@ -41,6 +41,15 @@ vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 2500.0
 vllm:time_per_output_token_seconds_sum{engine="0",model_name="m"} 99.0
 vllm:time_per_output_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 99.0
 vllm:time_per_output_token_seconds_count{engine="0",model_name="m"} 99.0
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 6.0
+vllm:request_prefill_time_seconds_bucket{engine="0",le="0.3",model_name="m"} 15.0
+vllm:request_prefill_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 20.0
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 20.0
+vllm:request_prefill_time_seconds_sum{engine="1",model_name="m"} 1.0
+vllm:request_prefill_time_seconds_bucket{engine="1",le="0.3",model_name="m"} 4.0
+vllm:request_prefill_time_seconds_bucket{engine="1",le="+Inf",model_name="m"} 5.0
+vllm:request_prefill_time_seconds_count{engine="1",model_name="m"} 5.0
 """
 
 # V0: iteration histogram and TPOT; a hit-rate gauge but no hit counter.
@@ -85,13 +94,15 @@ sglang:inter_token_latency_seconds_count{model_name="m"} 400.0
     [
         pytest.param(VLLM_V1, {"steps_total": 1000.0, "step_tokens_total": 54000.0, "itl_sum_s": 30.5,
                                "itl_count": 2500.0, "prompt_tokens_total": 12345.0,
-                               "prefix_cache_hits_total": 4000.0, "busy_seconds_total": None},
+                               "prefix_cache_hits_total": 4000.0, "busy_seconds_total": None,
+                               "prefill_time_sum_s": 7.0, "prefill_time_count": 25.0},
                      id="vllm-v1: data-parallel engines summed, ITL not TPOT, hits not the deprecated name"),
         pytest.param(VLLM_V0, {"steps_total": 40.0, "step_tokens_total": 640.0, "itl_sum_s": 0.1,
                                "itl_count": 3.0, "prefix_cache_hits_total": None, "busy_seconds_total": None},
                      id="vllm-v0: TPOT histogram, no hit counter"),
         pytest.param(SGLANG, {"steps_total": None, "step_tokens_total": None, "itl_sum_s": 4.0,
-                              "itl_count": 400.0, "prefix_cache_hits_total": 3500.0, "busy_seconds_total": 15.0},
+                              "itl_count": 400.0, "prefix_cache_hits_total": 3500.0, "busy_seconds_total": 15.0,
+                              "prefill_time_sum_s": None, "prefill_time_count": None},
                      id="sglang: cache sources and busy categories summed"),
     ],
 )
@@ -111,12 +122,15 @@ def _sample(**kw: float) -> EngineSample:
 
 def test_work_is_the_difference_of_two_scrapes() -> None:
     a = _sample(steps_total=100, step_tokens_total=5000, prompt_tokens_total=4000, prefix_cache_hits_total=1000,
-                generation_tokens_total=900, itl_sum_s=10.0, itl_count=800)
+                generation_tokens_total=900, itl_sum_s=10.0, itl_count=800, prefill_time_sum_s=3.0,
+                prefill_time_count=20)
     b = _sample(steps_total=160, step_tokens_total=9000, prompt_tokens_total=7000, prefix_cache_hits_total=1500,
-                generation_tokens_total=1900, itl_sum_s=12.5, itl_count=1750)
+                generation_tokens_total=1900, itl_sum_s=12.5, itl_count=1750, prefill_time_sum_s=4.5,
+                prefill_time_count=25)
     assert work_deltas(a, b, 0.5) == {
         "interval_s": 0.5, "steps": 60, "step_tokens": 4000, "prompt_tokens": 3000, "cached_prompt_tokens": 500,
-        "generation_tokens": 1000, "itl_sum_s": 2.5, "itl_count": 950}
+        "generation_tokens": 1000, "itl_sum_s": 2.5, "itl_count": 950, "prefill_time_sum_s": 1.5,
+        "prefill_time_count": 5}
 
 
 @pytest.mark.parametrize(

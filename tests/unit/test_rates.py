@@ -264,7 +264,8 @@ def test_property_deterministic(seed: int) -> None:
 
 @pytest.mark.parametrize("bad", [
     {"half_life_s": 0}, {"prior_weight": -1}, {"quantum": math.nan}, {"base_ms_bounds": (5.0, 1.0)},
-    {"per_seq_ms_bounds": (0.0, 1.0)},
+    {"per_seq_ms_bounds": (0.0, 1.0)}, {"lag_windows": -1.0}, {"lag_windows": math.inf},
+    {"min_window_s": 3.0, "max_window_s": 2.0}, {"max_window_s": math.nan},
 ])
 def test_config_rejects_nonsense(bad: dict) -> None:
     with pytest.raises(ValueError):
@@ -321,8 +322,30 @@ def test_a_merged_fit_is_the_fit_of_the_summed_window() -> None:
         total = total + w
     assert total.interval_s == 5.0 and total.itl_count == sum(w.itl_count for w in feed)
     summed.observe(total)
-    assert merged.estimate() == summed.estimate()
+    # The prefill slope is fitted on merged windows; base and per_seq on every report's own.
+    assert merged.estimate().prefill_tokens_per_s == summed.estimate().prefill_tokens_per_s
     assert merged.windows == summed.windows == 1
+
+
+def test_decode_figures_learn_from_every_report_while_a_merge_is_pending() -> None:
+    """The decode figures keep the reports' resolution: the batch alternates report by report and
+    sums to the same mean in every 5 s merge, so only the reports identify per_seq."""
+    truth = EngineRates(47_600.0, 7.5, 0.072)
+    a = [synthetic_window(random.Random(i), truth, batch=10 + 40 * (i % 2), prefill_per_step=50 if i < 5 else 300,
+                          interval_s=1.0, noise=0.0) for i in range(10)]
+    est = RateEstimator(FIVE)
+    for w in a:
+        est.observe(w)
+    assert est.windows == 2
+    fit = est.estimate()
+    assert fit.decode_step_base_ms == pytest.approx(truth.decode_step_base_ms, rel=0.1)
+    assert fit.decode_step_per_seq_ms == pytest.approx(truth.decode_step_per_seq_ms, rel=0.1)
+    merged_only = RateEstimator(RateEstimatorConfig(min_window_s=5.0))
+    merged_only.observe(sum(a[1:5], a[0]))
+    merged_only.observe(sum(a[6:], a[5]))
+    # Summed over 5 s the batch is the same in both windows: base and per_seq are not identified.
+    assert abs(merged_only.estimate().decode_step_per_seq_ms - truth.decode_step_per_seq_ms) > \
+        abs(fit.decode_step_per_seq_ms - truth.decode_step_per_seq_ms)
 
 
 def test_garbage_does_not_poison_the_windows_after_it() -> None:
@@ -335,8 +358,10 @@ def test_garbage_does_not_poison_the_windows_after_it() -> None:
         clean.observe(w)
     for w in [one_second(batch=200, prefill_per_step=0)] * 3 + [_GARBAGE] + after:
         hit.observe(w)
-    # What was pending before the garbage is dropped with it: the fit is the clean one exactly.
-    assert hit.estimate() == clean.estimate()
+    # What was pending before the garbage is dropped with it: the merged fit (the prefill slope)
+    # is the clean one exactly; the reports before it were good and taught the decode figures.
+    assert hit._a == clean._a and hit._r == clean._r
+    assert hit.estimate().prefill_tokens_per_s == clean.estimate().prefill_tokens_per_s
     assert hit.windows == clean.windows == 2
 
 
@@ -357,15 +382,18 @@ def test_interrupt_drops_the_pending_merge_and_keeps_the_fit() -> None:
 def lagged_windows(rng: random.Random, truth: EngineRates, seconds: int, chunk: float = 2048) -> list[WorkWindow]:
     """1 s windows of a step-by-step engine following `truth` exactly, whose prompts (4k-40k
     tokens) are prefilled in chunks over several steps and counted when their prefill completes,
-    as vLLM counts them: the only error in the windows is that attribution lag."""
+    as vLLM counts them: the only error in the windows is that attribution lag. Each window also
+    carries the prefill durations (first chunk to completion) of the prompts it counted, as
+    vllm:request_prefill_time_seconds does (there at the request's finish, a little later)."""
     out: list[WorkWindow] = []
-    steps = prompt = itl_sum = itl_count = 0.0
-    t, edge, batch, remaining, size = 0.0, 1.0, 40.0, 0.0, 0.0
+    steps = prompt = itl_sum = itl_count = prefill_s = prefills = 0.0
+    t, edge, batch, remaining, size, started = 0.0, 1.0, 40.0, 0.0, 0.0, 0.0
     while len(out) < seconds:
         if rng.random() < 0.002:  # the batch moves every ~10 s
             batch = rng.uniform(8, 160)
         if remaining <= 0 and rng.random() < 0.08:
             size = remaining = rng.uniform(4_000, 40_000)
+            started = t
         p = min(chunk, remaining)
         ms = truth.step_ms(batch, p)
         t += ms / 1000.0
@@ -374,10 +402,12 @@ def lagged_windows(rng: random.Random, truth: EngineRates, seconds: int, chunk: 
             remaining -= p
             if remaining <= 0:
                 prompt += size
+                prefill_s, prefills = prefill_s + t - started, prefills + 1
         if t >= edge:
             out.append(WorkWindow(interval_s=1.0, steps=steps, prompt_tokens=prompt, generation_tokens=itl_count,
-                                  itl_sum_s=itl_sum, itl_count=itl_count))
-            steps = prompt = itl_sum = itl_count = 0.0
+                                  itl_sum_s=itl_sum, itl_count=itl_count, prefill_time_sum_s=prefill_s,
+                                  prefill_time_count=prefills))
+            steps = prompt = itl_sum = itl_count = prefill_s = prefills = 0.0
             edge += 1.0
     return out
 
@@ -388,7 +418,7 @@ def test_merging_undoes_the_attribution_lag_of_long_prefills(seed: int) -> None:
     windows = lagged_windows(random.Random(seed), truth, 600)
 
     def fitted(min_window_s: float) -> float:
-        est = RateEstimator(RateEstimatorConfig(min_window_s=min_window_s))
+        est = RateEstimator(RateEstimatorConfig(min_window_s=min_window_s, lag_windows=0.0))
         for w in windows:
             est.observe(w)
         return est.estimate().prefill_tokens_per_s
@@ -401,6 +431,67 @@ def test_merging_undoes_the_attribution_lag_of_long_prefills(seed: int) -> None:
     assert err(two_s) < 0.6 * err(one_s)  # 2 s: part of the way
     assert err(five_s) < 0.5 * err(one_s)
     assert five_s == pytest.approx(truth.prefill_tokens_per_s, rel=0.3)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_windows_sized_to_the_measured_prefill_undo_the_lag(seed: int) -> None:
+    """By default the merge spans ten measured prefill durations: here (prompts of 4k-40k tokens
+    in 2k chunks, ~0.3 s each) that is ~3 s windows, without anyone choosing the span."""
+    truth = EngineRates(47_600.0, 7.5, 0.072)
+    windows = lagged_windows(random.Random(seed), truth, 600)
+    default, off = RateEstimator(), RateEstimator(RateEstimatorConfig(lag_windows=0.0))
+    for w in windows:
+        default.observe(w)
+        off.observe(w)
+    assert default.window_s > 1.5 and default.windows < 0.7 * off.windows  # it did merge
+
+    def err(est: RateEstimator) -> float:
+        return abs(math.log(est.estimate().prefill_tokens_per_s / truth.prefill_tokens_per_s))
+
+    assert err(default) < 0.5 * err(off)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "prefill_s", "window_s"),
+    [
+        pytest.param(RateEstimatorConfig(), None, 0.0, id="no prefill durations: every window alone"),
+        pytest.param(RateEstimatorConfig(), 0.08, 0.8, id="one-step prefills: under one window"),
+        pytest.param(RateEstimatorConfig(), 0.3, 3.0, id="chunked prefills: ten durations"),
+        pytest.param(RateEstimatorConfig(lag_windows=5.0), 0.3, 1.5, id="lag_windows sets the multiple"),
+        pytest.param(RateEstimatorConfig(), 4.0, 10.0, id="capped at max_window_s"),
+        pytest.param(RateEstimatorConfig(min_window_s=2.0), 0.08, 2.0, id="min_window_s is a floor"),
+        pytest.param(RateEstimatorConfig(lag_windows=0.0), 0.6, 0.0, id="lag_windows 0: off"),
+    ],
+)
+def test_merge_span_follows_the_mean_prefill_duration(
+        cfg: RateEstimatorConfig, prefill_s: float | None, window_s: float) -> None:
+    est = RateEstimator(cfg)
+    w = _W if prefill_s is None else replace(_W, prefill_time_sum_s=3 * prefill_s, prefill_time_count=3)
+    est.observe(w)
+    assert est.window_s == pytest.approx(window_s)
+    assert est.mean_prefill_s == pytest.approx(prefill_s or 0.0)
+
+
+def test_one_step_prefills_keep_one_second_windows() -> None:
+    """Prompts that prefill within a step or two are counted in the window whose steps they
+    slowed: no merging, every report fitted, as before."""
+    est = RateEstimator()
+    for _ in range(10):
+        est.observe(replace(_W, prefill_time_sum_s=0.08 * 4, prefill_time_count=4))
+    assert est.windows == 10 and est._pending is None
+
+
+def test_prefill_durations_are_forgotten_like_the_fit() -> None:
+    """A workload that moves from long to short prompts returns to short windows within a few
+    half-lives, not never."""
+    cfg = RateEstimatorConfig(half_life_s=10.0)
+    est = RateEstimator(cfg)
+    for _ in range(30):
+        est.observe(replace(_W, prefill_time_sum_s=0.4, prefill_time_count=1))
+    assert est.window_s == pytest.approx(4.0)
+    for _ in range(60):
+        est.observe(replace(_W, prefill_time_sum_s=0.05, prefill_time_count=1))
+    assert est.window_s < 1.0
 
 
 

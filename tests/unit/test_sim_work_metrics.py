@@ -81,3 +81,39 @@ def test_live_itl_histogram_feeds_the_itl_sum() -> None:
         metrics.observe_inter_token(v)
     sample = parse_metrics(metrics.render().decode(), "m")
     assert (sample.itl_sum_s, sample.itl_count) == (pytest.approx(0.042), 3.0)
+
+
+def test_prefill_time_spans_first_scheduled_to_first_token() -> None:
+    """vllm:request_prefill_time_seconds: per finished request, its first token's end minus the
+    start of the first step that scheduled it; a prompt over the step's token budget spans steps."""
+    engine = Engine(H100)
+    long_prompt = 3 * H100.max_num_batched_tokens  # three chunks at least
+    engine.add_request("long", long_prompt, 2, 0.0)
+    engine.add_request("short", 100, 2, 0.0)
+    prefill, first_start, t = {}, {}, 0.0
+    while engine.has_work():
+        res = engine.step(t)
+        for o in res.outputs:
+            first_start.setdefault(o.req_id, res.start_s)
+            if o.finished:
+                prefill[o.req_id] = o.prefill_s
+        t = res.end_s
+    s = engine.stats()
+    assert s.prefill_time_count == 2
+    assert s.prefill_time_sum_s == pytest.approx(prefill["long"] + prefill["short"])
+    steps_of_long = -(-long_prompt // H100.max_num_batched_tokens)
+    assert prefill["long"] > prefill["short"] > 0
+    assert steps_of_long >= 3 and prefill["long"] >= 2 * prefill["short"]
+
+
+@pytest.mark.parametrize(("flavor", "exported"), [("vllm", True), ("vllm-v0", True), ("sglang", False)])
+def test_prefill_time_histogram_in_server_seconds(flavor: str, exported: bool) -> None:
+    metrics = SimMetrics(Engine(H100), "m", flavor, time_scale=0.5)
+    metrics.observe_finished(1.0, prefill_s=0.4)
+    metrics.observe_finished(2.0, prefill_s=0.2)
+    metrics.observe_finished(3.0)  # aborted before its first token: no prefill time
+    sample = parse_metrics(metrics.render().decode(), "m")
+    if exported:
+        assert (sample.prefill_time_sum_s, sample.prefill_time_count) == (pytest.approx(0.3), 2.0)
+    else:
+        assert (sample.prefill_time_sum_s, sample.prefill_time_count) == (None, None)

@@ -24,22 +24,30 @@ per_seq * Var(B)/mean(B) otherwise; windows are 1 s, or `min_window_s` when set,
 count steps (SGLang) get steps = busy_s / y, with busy_s their GPU busy time where exported and
 the interval otherwise (right while the engine is busy, which is when the rates matter).
 
-Windows can be merged before fitting (`min_window_s`; default 0, off): engines count a prompt's
-tokens when its prefill completes (vLLM's `prompt_tokens_total`, and the prompt part of
-`iteration_tokens_total`) and its cache hits when it is admitted, so a long prompt prefilled in
-chunks over several steps lands in another 1 s window than the steps it slowed. That misattribution
-is noise in x2, and noise in a regressor flattens its slope: on the Mooncake trace 1 s windows
-fitted 74k prefill tokens/s where the steps' own prefill gives 45.7k (the simulated engine computes
-47.6k); summed over 2 / 3 / 5 s, 54k / 48.5k / 46.7k (docs/BENCHMARKS.md). Longer merges also
-average away the window-to-window spread of batch and prefill that identifies the three figures,
-and halve or worse the observations: with 5 s, Azure code (2k-token prompts, prefilled in one step:
-no lag to undo) lost 6-11 % SLO capacity while Mooncake gained up to 5 %; 2 s cost Azure code 1.6 %
-of its capacity and 4.5 points of attainment at load 0.7 (below `least_request` there) for
-Mooncake's +1.7 %, so merging is off by default (policy README, "Rate estimator"). When on,
-consecutive windows are summed (counters add) until they span `min_window_s`; a window with no work
-at all ends the merge early (nothing is in flight across it, so nothing is misattributed), and a
-garbage window (NaN, negative, no interval: also what the agent sends after a counter reset) or
-`interrupt()` (reports may have been lost) drops it: counts across a gap are not one window.
+Merged windows for the prefill slope: engines count a prompt's tokens when its prefill completes
+(vLLM's `prompt_tokens_total`, and the prompt part of `iteration_tokens_total`) and its cache hits
+when it is admitted, so a long prompt prefilled in chunks over several steps lands in another 1 s
+window than the steps it slowed. That misattribution is noise in x2, and noise in a regressor
+flattens its slope: on the Mooncake trace 1 s windows fitted 74-90k prefill tokens/s where the
+simulated engine computes 47.6k. Summing windows until they span several prefill durations makes
+the misplaced share small, so the prefill slope is fitted on windows summed (counters add) until
+they span `lag_windows` (10) times the mean prefill duration the engine reports
+(vllm:request_prefill_time_seconds, first token minus first scheduled; forgotten like the fit),
+at least `min_window_s` and at most `max_window_s` (10 s): Mooncake's ~0.3 s prefills give ~3 s
+windows and a fitted 56k (p50 over replicas and time), prompts that prefill in one or two steps
+(~0.08 s) keep 1 s windows, and an engine without the histogram (SGLang, TGI) keeps 1 s windows
+as before. Base and per_seq are then fitted on every report's own window with that slope held
+(`estimate`): decode tokens are counted in the step that made them, so they have no lag to undo,
+and summing would average away the batch spread that identifies them (a merge of everything cost
+Azure code 2 points of SLO attainment at load 0.7; the two-stage fit none). Ten durations, not
+five or fifteen, by measurement (docs/BENCHMARKS.md, "Prefill windows sized to the measured
+prefill"): with five, Mooncake's windows stayed near 1.5 s (slope ~74k) and its critical class
+at 1.5x its capacity attained 91.5 % (ten: 95.8 %); fifteen merged Azure code's 0.2 s prefills
+into 3 s windows, where its steady prompt stream leaves too little spread to identify the slope
+(58 % attainment at load 0.7 against 65 %). A window with no work at all ends the merge early (nothing
+is in flight across it, so nothing is misattributed), and a garbage window (NaN, negative, no
+interval: also what the agent sends after a counter reset) or `interrupt()` (reports may have
+been lost) drops it: counts across a gap are not one window.
 
 Fit: theta = (A + L0)^-1 (r + L0 theta0) with A = sum w x x^T, r = sum w x y over windows
 weighted by their decode tokens w and forgotten with half-life `half_life_s`; L0 = prior_weight *
@@ -98,15 +106,16 @@ class RateEstimatorConfig:
     base_ms_bounds: tuple[float, float] = (0.05, 5_000.0)
     per_seq_ms_bounds: tuple[float, float] = (1e-4, 1_000.0)
     prefill_tokens_per_s_bounds: tuple[float, float] = (10.0, 1e7)
-    # Report windows are summed until they span this long before one observation is fitted: a
-    # prompt prefilled over several steps is counted in the window where its prefill completes,
-    # not in the ones whose steps it slowed, and over 1 s windows that lag flattens the fitted
-    # prefill slope (Mooncake: 74k tokens/s fitted vs 47.6k true; 2 s: 54k; 5 s: 46.7k). Longer
-    # averages away the spread that identifies the fit and delays it (5 s cost Azure code 6-11 %
-    # of its SLO capacity, see the module docstring); 2 s still cost Azure code 4.5 points of SLO
-    # attainment at load 0.7 for +1.7 % of Mooncake capacity (one search step), so by default
-    # every window is fitted on its own (0); the lag stays a known bias (README "Rate estimator").
+    # The prefill slope is fitted on report windows summed until they span `lag_windows` mean
+    # prefill durations (the engine's vllm:request_prefill_time_seconds), at least `min_window_s`
+    # and at most `max_window_s`: a prompt's tokens are counted in the window where its prefill
+    # completes, not in the ones whose steps it slowed; with prefills spanning d seconds, about
+    # d / (2 W) of a W s window's prefill tokens belong to a neighbour, and that noise flattens
+    # the fitted slope. Ten durations, by measurement (module docstring); base and per_seq stay
+    # on every report's own window.
+    lag_windows: float = 10.0   # 0 = off: windows merge only to min_window_s
     min_window_s: float = 0.0   # reached to the nearest window: report intervals jitter
+    max_window_s: float = 10.0
 
     def __post_init__(self) -> None:
         positive = (self.half_life_s, self.prior_weight, self.batch_scale, self.prefill_scale, self.quantum,
@@ -118,6 +127,10 @@ class RateEstimatorConfig:
                 raise ValueError("rate estimator: bounds must satisfy 0 < low < high")
         if not (math.isfinite(self.min_window_s) and self.min_window_s >= 0):
             raise ValueError("rate estimator: min_window_s must be >= 0")
+        if not (math.isfinite(self.lag_windows) and self.lag_windows >= 0):
+            raise ValueError("rate estimator: lag_windows must be >= 0")
+        if not (math.isfinite(self.max_window_s) and self.max_window_s >= self.min_window_s):
+            raise ValueError("rate estimator: max_window_s must be >= min_window_s")
 
 
 @dataclass(frozen=True)
@@ -133,13 +146,16 @@ class WorkWindow:
     itl_sum_s: float = 0.0
     itl_count: float = 0.0
     busy_s: float = 0.0
+    prefill_time_sum_s: float = 0.0   # how long finished requests' prefills spanned, summed
+    prefill_time_count: float = 0.0
 
     @classmethod
     def from_proto(cls, w) -> WorkWindow:
         """From a `tidegate.v1.EngineWork` (or anything with its field names)."""
         return cls(interval_s=w.interval_s, steps=w.steps, step_tokens=w.step_tokens, prompt_tokens=w.prompt_tokens,
                    cached_prompt_tokens=w.cached_prompt_tokens, generation_tokens=w.generation_tokens,
-                   itl_sum_s=w.itl_sum_s, itl_count=w.itl_count, busy_s=w.busy_s)
+                   itl_sum_s=w.itl_sum_s, itl_count=w.itl_count, busy_s=w.busy_s,
+                   prefill_time_sum_s=w.prefill_time_sum_s, prefill_time_count=w.prefill_time_count)
 
     def __add__(self, other: WorkWindow) -> WorkWindow:
         """Two consecutive windows as one: every field is a count or a duration, so they add."""
@@ -240,15 +256,22 @@ class RateEstimator:
 
     cfg: RateEstimatorConfig = field(default_factory=RateEstimatorConfig)
     prior: EngineRates | None = None   # a profile's figures when known; None = GENERIC_PRIOR, unpublished
+    # Normal equations over merged windows (they give the prefill slope) and over every report's
+    # own window (they give base and per_seq at the report's resolution; see `estimate`).
     _a: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
     _r: list[float] = field(default_factory=lambda: [0.0] * 3)
+    _a1: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
+    _r1: list[float] = field(default_factory=lambda: [0.0] * 3)
     _decode_tokens: float = 0.0
     _prefill_tokens: float = 0.0
     _published: EngineRates = field(default_factory=EngineRates)
     windows: int = 0      # observations fitted (merged windows)
     rejected: int = 0     # garbage windows, idle ones, and merged windows without decode timing
-    # Windows received since the last fit, summed, while they span under cfg.min_window_s.
+    # Windows received since the last fit, summed, while they span under `window_s`.
     _pending: WorkWindow | None = None
+    # Prefill durations (s) and their count, forgotten like the fit: their ratio sizes the merge.
+    _prefill_time_s: float = 0.0
+    _prefill_count: float = 0.0
 
     def __post_init__(self) -> None:
         if self.prior is not None and not self.prior.complete:
@@ -261,9 +284,20 @@ class RateEstimator:
         p = self.prior or GENERIC_PRIOR
         return (p.decode_step_base_ms, p.decode_step_per_seq_ms, 1000.0 / p.prefill_tokens_per_s)
 
+    @property
+    def mean_prefill_s(self) -> float:
+        """How long a prefill spans, from the engine's prefill-time histogram; 0 while unknown."""
+        return self._prefill_time_s / self._prefill_count if self._prefill_count > 0 else 0.0
+
+    @property
+    def window_s(self) -> float:
+        """The span merged windows reach before one observation is fitted (see RateEstimatorConfig)."""
+        cfg = self.cfg
+        return max(cfg.min_window_s, min(cfg.max_window_s, cfg.lag_windows * self.mean_prefill_s))
+
     def observe(self, window: WorkWindow) -> bool:
         """Take one report window: merged with the pending ones, fitted once they span
-        cfg.min_window_s (to the nearest window). False when nothing of it is learnt: it is garbage,
+        `window_s` (to the nearest window). False when nothing of it is learnt: it is garbage,
         idle (which fits what is pending, if anything), or ends a window with no decode timing."""
         if garbage(window, self.cfg.max_step_ms):
             # Whatever is pending stays good, but the next window need not follow it (a counter
@@ -279,32 +313,50 @@ class RateEstimator:
                 self._fit(pending)
             self.rejected += 1
             return False
+        if window.prefill_time_count > 0:
+            keep = 0.5 ** (window.interval_s / self.cfg.half_life_s)
+            self._prefill_time_s = self._prefill_time_s * keep + window.prefill_time_sum_s
+            self._prefill_count = self._prefill_count * keep + window.prefill_time_count
         merged = window if self._pending is None else self._pending + window
         # Report intervals are measured and jitter around the scrape period: the merge ends at the
-        # span nearest min_window_s (two windows of 0.999 s are 2 s), or every other merge would
+        # span nearest window_s (two windows of 0.999 s are 2 s), or every other merge would
         # take one window more than intended.
-        if merged.interval_s < self.cfg.min_window_s - 0.5 * window.interval_s:
+        self._fit_report(window)
+        if merged.interval_s < self.window_s - 0.5 * window.interval_s:
             self._pending = merged
+            if self.windows:
+                self._published = self._quantized(self.estimate(), self._published)
             return True
         self._pending = None
         return self._fit(merged)
-
     def interrupt(self) -> None:
         """The next window may not follow the last one (a new telemetry stream: reports may have
         been lost between): drop the pending merge, keep the fit."""
         self._pending = None
 
+    @staticmethod
+    def _accumulate(a: list[list[float]], r: list[float], obs: Observation, keep: float) -> None:
+        x = (1.0, obs.batch, obs.prefill)
+        for i in range(3):
+            r[i] = r[i] * keep + obs.weight * x[i] * obs.step_ms
+            for j in range(3):
+                a[i][j] = a[i][j] * keep + obs.weight * x[i] * x[j]
+
+    def _fit_report(self, window: WorkWindow) -> None:
+        """One report's own window, merged or not: base and per_seq learn from it at once
+        (decode tokens are counted in the step that made them: no lag to undo)."""
+        obs = regressors(window, self.cfg.max_step_ms)
+        if obs is not None:
+            self._accumulate(self._a1, self._r1, obs, 0.5 ** (window.interval_s / self.cfg.half_life_s))
+
     def _fit(self, window: WorkWindow) -> bool:
+        """A merged window (or a report's own, when it spans window_s alone): the prefill slope learns."""
         obs = regressors(window, self.cfg.max_step_ms)
         if obs is None:
             self.rejected += 1
             return False
         keep = 0.5 ** (window.interval_s / self.cfg.half_life_s)
-        x = (1.0, obs.batch, obs.prefill)
-        for i in range(3):
-            self._r[i] = self._r[i] * keep + obs.weight * x[i] * obs.step_ms
-            for j in range(3):
-                self._a[i][j] = self._a[i][j] * keep + obs.weight * x[i] * x[j]
+        self._accumulate(self._a, self._r, obs, keep)
         self._decode_tokens = self._decode_tokens * keep + obs.weight
         self._prefill_tokens = self._prefill_tokens * keep + obs.prefill_tokens
         self.windows += 1
@@ -312,7 +364,13 @@ class RateEstimator:
         return True
 
     def estimate(self) -> EngineRates:
-        """The current fit, clamped to the bounds (the prior before any data)."""
+        """The current fit, clamped to the bounds (the prior before any data).
+
+        Two stages: the prefill slope from the merged windows' fit (where the lag is undone), then
+        base and per_seq from every report's own window with that slope held: the same ridge
+        normal equations' first two rows, so with no merging this is the joint fit exactly, and
+        with merging the decode figures keep the reports' resolution and spread (a merge-only fit
+        cost Azure code, whose prompts have no lag to undo, 2 points of SLO attainment at load 0.7)."""
         cfg = self.cfg
         t0 = self.theta0
         lam = (cfg.prior_weight, cfg.prior_weight * cfg.batch_scale ** 2, cfg.prior_weight * cfg.prefill_scale ** 2)
@@ -324,6 +382,15 @@ class RateEstimator:
         base, per_seq, ms_per_token = theta
         rate_lo, rate_hi = cfg.prefill_tokens_per_s_bounds
         ms_per_token = min(1000.0 / rate_lo, max(1000.0 / rate_hi, ms_per_token))
+        a1, r1 = self._a1, self._r1
+        det = (a1[0][0] + lam[0]) * (a1[1][1] + lam[1]) - a1[0][1] * a1[1][0]
+        if math.isfinite(det) and abs(det) > 1e-300:
+            y0 = r1[0] + lam[0] * t0[0] - ms_per_token * a1[0][2]
+            y1 = r1[1] + lam[1] * t0[1] - ms_per_token * a1[1][2]
+            b0 = ((a1[1][1] + lam[1]) * y0 - a1[0][1] * y1) / det
+            b1 = ((a1[0][0] + lam[0]) * y1 - a1[1][0] * y0) / det
+            if math.isfinite(b0) and math.isfinite(b1):
+                base, per_seq = b0, b1
         return EngineRates(
             prefill_tokens_per_s=1000.0 / ms_per_token,
             decode_step_base_ms=_clamp(base, cfg.base_ms_bounds),

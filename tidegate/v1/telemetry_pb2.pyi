@@ -116,7 +116,7 @@ class EngineStats(_message.Message):
     def __init__(self, healthy: _Optional[bool] = ..., error: _Optional[str] = ..., num_requests_running: _Optional[int] = ..., num_requests_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_gpu_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[float] = ..., generation_tokens_total: _Optional[float] = ..., preemptions_total: _Optional[float] = ..., ttft: _Optional[_Union[LatencySummary, _Mapping]] = ..., itl: _Optional[_Union[LatencySummary, _Mapping]] = ..., e2e: _Optional[_Union[LatencySummary, _Mapping]] = ..., window_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., has_kv_capacity: _Optional[bool] = ..., work: _Optional[_Union[EngineWork, _Mapping]] = ...) -> None: ...
 
 class EngineWork(_message.Message):
-    __slots__ = ("interval_s", "steps", "step_tokens", "prompt_tokens", "cached_prompt_tokens", "generation_tokens", "itl_sum_s", "itl_count", "busy_s")
+    __slots__ = ("interval_s", "steps", "step_tokens", "prompt_tokens", "cached_prompt_tokens", "generation_tokens", "itl_sum_s", "itl_count", "busy_s", "prefill_time_sum_s", "prefill_time_count")
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     STEP_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,8 @@ class EngineWork(_message.Message):
     ITL_SUM_S_FIELD_NUMBER: _ClassVar[int]
     ITL_COUNT_FIELD_NUMBER: _ClassVar[int]
     BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TIME_SUM_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TIME_COUNT_FIELD_NUMBER: _ClassVar[int]
     interval_s: float
     steps: float
     step_tokens: float
@@ -135,7 +137,9 @@ class EngineWork(_message.Message):
     itl_sum_s: float
     itl_count: float
     busy_s: float
-    def __init__(self, interval_s: _Optional[float] = ..., steps: _Optional[float] = ..., step_tokens: _Optional[float] = ..., prompt_tokens: _Optional[float] = ..., cached_prompt_tokens: _Optional[float] = ..., generation_tokens: _Optional[float] = ..., itl_sum_s: _Optional[float] = ..., itl_count: _Optional[float] = ..., busy_s: _Optional[float] = ...) -> None: ...
+    prefill_time_sum_s: float
+    prefill_time_count: float
+    def __init__(self, interval_s: _Optional[float] = ..., steps: _Optional[float] = ..., step_tokens: _Optional[float] = ..., prompt_tokens: _Optional[float] = ..., cached_prompt_tokens: _Optional[float] = ..., generation_tokens: _Optional[float] = ..., itl_sum_s: _Optional[float] = ..., itl_count: _Optional[float] = ..., busy_s: _Optional[float] = ..., prefill_time_sum_s: _Optional[float] = ..., prefill_time_count: _Optional[float] = ...) -> None: ...
 
 class GpuStats(_message.Message):
     __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_used_bytes", "utilization_pct", "ecc_uncorrected_volatile", "ecc_corrected_volatile", "retired_pages_pending", "lost", "error", "temperature_c", "power_w", "xid_events")
