@@ -55,6 +55,7 @@ from tidegate.fleetsim import results, workload
 from tidegate.fleetsim.sim import ROUTER_SPREADS, SimConfig, Simulation, servable
 from tidegate.policy import registry
 from tidegate.policy.admission_budget import BudgetConfig
+from tidegate.policy.rates import RateEstimatorConfig
 from tidegate.policy.registry import SloTargets
 from tidegate.simulator.profiles import Profile, ProfileError, get_profile
 
@@ -112,6 +113,11 @@ class SimulateConfig(ConfigBase, AdmissionFields):
                                        "publishes its per-replica load and newly placed prefix blocks to its "
                                        "peers every N ms, as the live router's load record (default 50, like "
                                        "the router's --peer-load-interval-s 0.05); 0: off, routers share nothing.")
+    rate_lag_windows: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                           description="The control plane's rate fit: merge report windows for "
+                                                       "the prefill slope until they span N measured prefill "
+                                                       "durations (default: RateEstimatorConfig's, 10; 0: every "
+                                                       "window alone). For measuring the estimator.")
     router_spread: str = Field("rr", description="How requests reach the routers: rr (round-robin, like an L4 "
                                                  "balancer) or hash (by session key: the first prefix hash).")
     max_requests: int | None = Field(None, ge=1, description="Replay only the first M requests of the trace.")
@@ -300,6 +306,8 @@ def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
                      scrape_interval_s=None if cfg.scrape_ms is None else cfg.scrape_ms / 1000.0,
                      routers=routers, router_spread=cfg.router_spread, admission=admission,
                      peer_interval_s=cfg.peer_ms / 1000.0,
+                     rates=None if cfg.rate_lag_windows is None else RateEstimatorConfig(
+                         lag_windows=cfg.rate_lag_windows),
                      budgets=BudgetConfig() if admission is not None and cfg.admission_budgets else None,
                      replica_ids=cfg.replica_ids,
                      hide_max_tokens=cfg.hide_max_tokens)

@@ -79,6 +79,7 @@ from tidegate.fleetsim.workload import SimRequest
 from tidegate.policy import admission as adm
 from tidegate.policy.admission_budget import BudgetConfig, Hold, Tokens
 from tidegate.policy.classes import class_of
+from tidegate.policy.rates import RateEstimatorConfig
 from tidegate.policy.registry import (
     LiveLoad,
     Policy,
@@ -148,6 +149,7 @@ class SimConfig:
     # The replicas' ids, one per profile (default replica-00, replica-01, ...). Rendezvous homes of
     # prefix affinity hash them, so a comparison with a live fleet gives that fleet's ids.
     replica_ids: tuple[str, ...] = ()
+    rates: RateEstimatorConfig | None = None  # the control plane's engine-rate fit (None: its default)
 
     def __post_init__(self) -> None:
         if not (self.report_interval_s > 0 and self.tick_s > 0 and self.propagation_s >= 0 and self.warmup_s >= 0
@@ -224,12 +226,9 @@ class SimResult:
 VIRTUAL_EPOCH = 1_700_000_000.0  # unix seconds at virtual time 0, for FleetState's wall clock
 
 
-def _fleet_state(weights: WeightPolicyConfig, now) -> FleetState:
-    """The control plane's FleetState on the virtual clock (its wall clock too, when it takes one)."""
-    try:
-        return FleetState(weights, now=now, wall=lambda: VIRTUAL_EPOCH + now())
-    except TypeError:
-        return FleetState(weights, now=now)
+def _fleet_state(weights: WeightPolicyConfig, now, rates: RateEstimatorConfig | None = None) -> FleetState:
+    """The control plane's FleetState on the virtual clock (its wall clock too)."""
+    return FleetState(weights, now=now, wall=lambda: VIRTUAL_EPOCH + now(), rate_config=rates)
 
 
 def _route_info(e) -> RouteInfo:  # e: tidegate.v1.RouteEntry
@@ -308,7 +307,7 @@ class Simulation:
                                  use_engine_advance=self.cfg.engine_fast_path)
                          for i, (rid, p) in enumerate(zip(ids, profiles, strict=True))]
         self.agents = [SimAgent(r.replica_id, self.cfg.pool, self.cfg.window_s) for r in self.replicas]
-        self.fleet = _fleet_state(self.cfg.weights, lambda: self.now)
+        self.fleet = _fleet_state(self.cfg.weights, lambda: self.now, self.cfg.rates)
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         for i, agent in enumerate(self.agents):

@@ -206,3 +206,16 @@ def test_repeated_replica_ids_are_refused_before_any_work():
     # a nonexistent trace is never opened: the ids are refused first, by name
     proc = _run("--trace", "/nonexistent/trace.csv", "--replicas", "3", "--replica-ids", "a,b,a")
     assert proc.returncode == 2 and "repeated: a" in proc.stderr and "nonexistent" not in proc.stderr
+
+
+def test_rate_lag_windows_reaches_the_control_planes_rate_fit():
+    from tidegate.fleetsim.sim import _fleet_state
+    from tidegate.policy.rates import RateEstimatorConfig
+    from tidegate.policy.weights import WeightPolicyConfig
+
+    assert simulate._sim_config(simulate.SimulateConfig(), 1).rates is None  # the estimator's own default
+    cfg = simulate._sim_config(simulate.SimulateConfig(rate_lag_windows=0), 1)
+    assert cfg.rates == RateEstimatorConfig(lag_windows=0.0)
+    assert _fleet_state(WeightPolicyConfig(), lambda: 0.0, cfg.rates).rate_config is cfg.rates
+    with pytest.raises(ValueError):
+        simulate.SimulateConfig(rate_lag_windows=-1)
