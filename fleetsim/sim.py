@@ -89,6 +89,7 @@ from tidegate.policy.registry import (
     SloTargets,
     notify,
     notify_output,
+    notify_tpot,
 )
 from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables
 from tidegate.router.admission_budgets import AdmissionBudgets
@@ -487,6 +488,9 @@ class Simulation:
             if hold is not None:
                 hold.release()
             features = self._features.pop(req_id)
+            tpot = rec.tpot_s
+            if tpot is not None and self.admission:  # admission enforces the pick's TPOT plan
+                notify_tpot(router.policy, features, rep.replica_id, tpot)
             notify(router.policy, "on_complete", features, rep.replica_id)
             notify_output(router.policy, features, rep.replica_id, rec.req.output_tokens)
         elif kind == "preempted":

@@ -75,6 +75,9 @@ _HOLD = web.RequestKey("tidegate_budget_hold", Hold)  # what the request holds o
 # It teaches the policy how long outputs really are. SSE events are not counted instead: engines
 # coalesce several tokens into one event when the client reads slowly (vLLM's stream interval).
 _OUTPUT = web.RequestKey("tidegate_output_tokens", int)
+# Seconds per output token after the first, of a streamed answer with its usage (the policy's
+# TPOT plan learns from it under admission: registry.notify_tpot).
+_TPOT = web.RequestKey("tidegate_tpot_s", float)
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
@@ -380,6 +383,10 @@ class Proxy:
                                                                            request.get(_HOLD)))
             finally:
                 self._inflight.release(choice.replica_id)
+                tpot = request.get(_TPOT)
+                # Only admission enforces the policy's TPOT plan: without it the TPOT says nothing of it.
+                if tpot is not None and self.gate is not None and self.gate.applies(policy):
+                    registry.notify_tpot(policy, req, choice.replica_id, tpot)
                 registry.notify(policy, "on_complete", req, choice.replica_id)
                 self._wake(table.pool)
             if isinstance(result, web.StreamResponse):
@@ -471,12 +478,14 @@ class Proxy:
         if upstream.content_length is not None and not is_sse:
             out.content_length = upstream.content_length
         prev, last = b"", first
+        first_at: float | None = None
         try:
             await out.prepare(request)
             if first:
                 await out.write(first)
                 if features.stream or is_sse:
-                    ttft = self._clock() - t0
+                    first_at = self._clock()
+                    ttft = first_at - t0
                     self._metrics.ttft_for(table.pool).observe(ttft)
                     self._metrics.class_ttft_for(table.pool, request.get(_CLASS, "unknown")).observe(ttft)
             while True:
@@ -502,7 +511,9 @@ class Proxy:
             if upstream.status == 200:
                 usage = _USAGE.search(prev + last)  # usage comes last: in the final chunk or two
                 if usage is not None:
-                    request[_OUTPUT] = int(usage.group(1))
+                    output = request[_OUTPUT] = int(usage.group(1))
+                    if first_at is not None and output > 1:
+                        request[_TPOT] = (self._clock() - first_at) / (output - 1)
         except ConnectionResetError:  # the client went away while we wrote to it
             request[_STATUS] = "499"
             self._metrics.client_disconnects.inc()

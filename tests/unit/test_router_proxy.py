@@ -80,8 +80,8 @@ class Router:
 
     async def __aenter__(self) -> TestClient:
         self.session = make_session(1.0)
-        proxy = Proxy(self.tables, self.session, self.inflight, self.budget, self.metrics, random.Random(1),
-                      self.settings)
+        proxy = self.proxy = Proxy(self.tables, self.session, self.inflight, self.budget, self.metrics,
+                                   random.Random(1), self.settings)
         app = build_app(proxy, self.tables, self.metrics, "r-test", self.max_body)
         self.client = TestClient(TestServer(app, host="127.0.0.1"))
         await self.client.start_server()
@@ -425,6 +425,65 @@ async def test_finished_answers_teach_the_policy_their_output_length(monkeypatch
     await sim.cleanup()
     # The simulated engine writes exactly max_tokens and reports it in usage.
     assert fake.outputs == [("a", 12), ("a", 12)]
+
+
+class FakeTpotPolicy(FakeOutputPolicy):
+    """Hooks plus predictions that always dispatch at once (so admission applies to it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tpots: list[tuple[str, float]] = []
+
+    def predictions(self, snapshot, request):
+        from tidegate.policy.predict import Prediction
+
+        return [Prediction(e.replica_id, 0, request.prompt_tokens, 0.01, 0.01, 0.0, 0.0, 0.1, 0.0, 1e9, 1e9)
+                for e in snapshot.candidates()]
+
+    def on_tpot(self, request, replica_id, tpot_s):
+        self.tpots.append((replica_id, tpot_s))
+        self.calls.append(("tpot", replica_id))
+
+
+@pytest.mark.parametrize("admission", [True, False])
+async def test_realized_tpot_reaches_the_policy_only_under_admission(monkeypatch, admission):
+    """A streamed answer with usage: (end - first chunk) / (tokens - 1), before on_complete, and
+    only when admission enforces the policy's plan; a stream without usage or a non-streamed
+    answer says nothing (no token count, no first-token time)."""
+    from prometheus_client import CollectorRegistry
+
+    from tidegate.policy import registry
+    from tidegate.policy.admission import AdmissionConfig, ClassLimits
+    from tidegate.router.admission import AdmissionMetrics, Gate
+    from tidegate.simulator.engine import Engine as SimEngine
+    from tidegate.simulator.profiles import get_profile
+    from tidegate.simulator.server import create_app
+
+    fake = FakeTpotPolicy()
+    monkeypatch.setattr(registry, "create", lambda name: fake)
+    sim = web.AppRunner(create_app(SimEngine(get_profile("tiny-h100"), random.Random(0)), "m", speedup=50.0))
+    await sim.setup()
+    await web.TCPSite(sim, "127.0.0.1", 0).start()
+    tables = RoutingTables()
+    set_table(tables, "m", [("a", f"http://127.0.0.1:{sim.addresses[0][1]}", 1.0)])
+    router = Router(tables)
+    async with router as client:
+        if admission:
+            limits = {c: ClassLimits(4, 30.0) for c in ("critical", "standard", "sheddable")}
+            router.proxy.gate = Gate(AdmissionConfig(limits), time.monotonic,
+                                                      AdmissionMetrics(CollectorRegistry()))
+        for extra in ({"stream": True, "stream_options": {"include_usage": True}}, {"stream": True}, {}):
+            r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 12, **extra})
+            assert r.status == 200
+            await r.read()
+    await sim.cleanup()
+    if admission:
+        assert [rid for rid, _ in fake.tpots] == ["a"]
+        assert 0 < fake.tpots[0][1] < 1.0
+        calls = [c for c, _ in fake.calls]
+        assert calls.index("tpot") < len(calls) and calls[calls.index("tpot") + 1] == "complete"
+    else:
+        assert fake.tpots == []
 
 
 async def test_deadline_that_fires_is_a_timeout_and_withdraws_its_cancel():

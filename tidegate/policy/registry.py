@@ -152,6 +152,14 @@ def notify_output(policy: object, request: RequestFeatures, replica_id: str, out
         fn(request, replica_id, output_tokens)
 
 
+def notify_tpot(policy: object, request: RequestFeatures, replica_id: str, tpot_s: float) -> None:
+    """Tell a policy that has `on_tpot` a finished request's realized TPOT (before on_complete).
+    Only routers that enforce the policy's TPOT plan (admission) call it (tpot_plan.py)."""
+    fn = getattr(policy, "on_tpot", None)
+    if fn is not None and tpot_s >= 0:
+        fn(request, replica_id, tpot_s)
+
+
 _FACTORIES: dict[str, Callable[[], Policy]] = {}
 
 

@@ -52,6 +52,7 @@ from tidegate.policy.peer_load import (
 from tidegate.policy.pick import Pick
 from tidegate.policy.predict import CHUNK_TOKENS, DEFAULT_RATES, Prediction, Rates, pool_rates
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets, make_pick
+from tidegate.policy.tpot_plan import TpotPlan, TpotPlanConfig
 
 # Bounded load: affinity (cache reuse, the prefix's home) may cost at most this factor of the
 # cheapest placement, as consistent hashing with bounded loads caps a bin at c = 1.25 x average.
@@ -83,6 +84,7 @@ class _Flight:
     stall_key: float    # its key among the replica's stall keys (predict.pushed_out)
     blocks: PrefixBlocks | None = None   # its prefix blocks, pinned in the index until it completes
     started: bool = False
+    plan_tpot_s: float = 0.0   # the TPOT its stall budget was planned to (on_tpot compares)
 
 
 @dataclass(slots=True)
@@ -133,11 +135,15 @@ class TidegatePolicy:
     name = "tidegate"
     uses_prefix_hashes = True  # the router computes RequestFeatures.prefix_hashes only for such policies
 
-    def __init__(self, slo: SloTargets | None = None, band_c: float = BAND_C) -> None:
+    def __init__(self, slo: SloTargets | None = None, band_c: float = BAND_C,
+                 tpot_plan: TpotPlanConfig | None = None) -> None:
         if not band_c >= 1.0:
             raise ValueError("band_c must be >= 1")
         self.slo = slo or SloTargets()
         self.band_c = band_c
+        # Realized TPOT over the TPOT planned at dispatch, of requests whose router enforces the
+        # plan (on_tpot: admission), and the margin their quantile sets (tpot_plan.py).
+        self._tpot_plan = TpotPlan(tpot_plan or TpotPlanConfig())
         self._index = PrefixIndex()
         self._own: dict[str, _Own] = {}
         # waiting + decoding summed over self._own, kept by the hooks (_own_share reads it per pick).
@@ -262,7 +268,9 @@ class TidegatePolicy:
         if not cands.rows:
             return [], [], math.inf
         slo = snapshot.slo or self.slo
-        ttft_slo, tpot_slo = slo.ttft_s, slo.tpot_s
+        # The TPOT the pick plans to: the target over the margin past plans needed (1 without
+        # admission, whose router never reports realized TPOTs: on_tpot).
+        ttft_slo, tpot_slo = slo.ttft_s, slo.tpot_s / self._tpot_plan.margin
         blocks = self._blocks(request)
         out = self._output(request)
         output = out if out > 0.0 else 0.0
@@ -359,7 +367,7 @@ class TidegatePolicy:
         reason = "slo_fit"
         if not fit:
             slo = snapshot.slo or self.slo
-            ttft_slo, tpot_slo = slo.ttft_s, slo.tpot_s
+            ttft_slo, tpot_slo = slo.ttft_s, slo.tpot_s / self._tpot_plan.margin
             ttft_ok = [p for p in preds if p[3] <= ttft_slo]
             fit = [p for p in ttft_ok if p[4] <= tpot_slo]
             if not fit:
@@ -455,7 +463,8 @@ class TidegatePolicy:
         key = own.stalled_s + max(0.0, slack) * max(0.0, out - 1.0)
         bisect.insort(own.stall_keys, key)
         own.merged = None
-        self._flights[self._key(request, replica_id)] = _Flight(replica_id, prefill, kv, key, blocks)
+        self._flights[self._key(request, replica_id)] = _Flight(replica_id, prefill, kv, key, blocks,
+                                                                plan_tpot_s=self._tpot_slo_s)
         # Bounded by the replica's KV capacity, as its prefix cache is, and resident while it runs.
         self._index.learn(replica_id, blocks, self._capacity.get(replica_id, 0.0), pin=True)
         # Peers get every block it uses there, not only those new to this index: a block reused is
@@ -570,6 +579,19 @@ class TidegatePolicy:
             n = min(n, float(request.max_tokens))
             self._cap_use += EWMA_ALPHA * (n / float(request.max_tokens) - self._cap_use)
         self._mean_output += EWMA_ALPHA * (n - self._mean_output)
+
+    @property
+    def tpot_margin(self) -> float:
+        """What the TPOT target is divided by when planning (1: no margin; tpot_plan.py)."""
+        return self._tpot_plan.margin
+
+    def on_tpot(self, request: RequestFeatures, replica_id: str, tpot_s: float) -> None:
+        """A request's realized TPOT (seconds per output token after the first), reported by a
+        router that enforces the plan (admission) before on_complete; ignored for a request this
+        policy did not place or without a plan."""
+        f = self._flights.get(self._key(request, replica_id))
+        if f is not None:
+            self._tpot_plan.observe(tpot_s, f.plan_tpot_s)
 
     def on_complete(self, request: RequestFeatures, replica_id: str) -> None:
         f = self._flights.pop(self._key(request, replica_id), None)

@@ -1,0 +1,122 @@
+"""The TPOT planning margin (tidegate/policy/tpot_plan.py) and how the pick plans with it."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets
+from tidegate.policy.slo_pick import TidegatePolicy
+from tidegate.policy.tpot_plan import TpotPlan, TpotPlanConfig
+
+SMALL = TpotPlanConfig(window=100, min_samples=10, refresh=1)
+
+
+def fed(errors: list[float], cfg: TpotPlanConfig = SMALL, planned: float = 0.05) -> TpotPlan:
+    plan = TpotPlan(cfg)
+    for e in errors:
+        plan.observe(e * planned, planned)
+    return plan
+
+
+@pytest.mark.parametrize(
+    ("errors", "margin"),
+    [
+        pytest.param([], 1.0, id="nothing yet: no margin"),
+        pytest.param([1.5] * 9, 1.0, id="under min_samples: no margin"),
+        pytest.param([0.5] * 100, 1.0, id="every plan met with room: floored at 1"),
+        pytest.param([1.0] * 98 + [1.2] * 2, 1.2, id="2 % of plans missed by 20 %: q0.99 is 1.2"),
+        pytest.param([1.0] * 99 + [1.5], 1.0, id="1 % missed: within the quantile"),
+        pytest.param([3.0] * 100, 2.0, id="capped at max_margin"),
+        pytest.param([9.0] * 100 + [0.9] * 100, 1.0, id="only the latest window counts"),
+    ],
+)
+def test_margin_is_the_quantile_of_realized_over_planned(errors: list[float], margin: float) -> None:
+    assert fed(errors).margin == pytest.approx(margin)
+
+
+@pytest.mark.parametrize(("realized", "planned"), [
+    (math.nan, 0.05), (math.inf, 0.05), (-0.01, 0.05), (0.05, 0.0), (0.05, -1.0), (0.05, math.nan),
+])
+def test_garbage_observations_are_ignored(realized: float, planned: float) -> None:
+    plan = TpotPlan(SMALL)
+    plan.observe(realized, planned)
+    assert plan.samples == 0 and plan.margin == 1.0
+
+
+def test_refreshed_every_refresh_observations_not_per_one() -> None:
+    plan = TpotPlan(TpotPlanConfig(window=100, min_samples=10, refresh=10))
+    for _ in range(10):
+        plan.observe(0.08, 0.05)
+    assert plan.margin == pytest.approx(1.6)
+    for _ in range(9):
+        plan.observe(0.01, 0.05)
+    assert plan.margin == pytest.approx(1.6)  # not yet refreshed
+    plan.observe(0.01, 0.05)
+    assert plan.margin == pytest.approx(1.6)  # 10 of 20 still at 1.6: q0.99 is 1.6
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0.0, 10.0), min_size=1, max_size=300), st.floats(0.5, 1.0))
+def test_property_margin_bounded_and_fixed_point(errors: list[float], q: float) -> None:
+    """Always within [1, max_margin]; and measured against the plan it set: if realized TPOTs
+    run k times their plan, the margin is k whatever the plan's own margin was."""
+    cfg = TpotPlanConfig(quantile=q, window=300, min_samples=1, refresh=1)
+    plan = fed(errors, cfg)
+    assert 1.0 <= plan.margin <= cfg.max_margin
+    k = 1.3
+    a, b = fed([k] * 50, cfg, planned=0.1), fed([k] * 50, cfg, planned=0.1 / 1.7)
+    assert a.margin == b.margin == pytest.approx(k)
+
+
+@pytest.mark.parametrize("bad", [
+    {"quantile": 0.0}, {"quantile": 1.5}, {"window": 0}, {"min_samples": 0}, {"min_samples": 5, "window": 4},
+    {"refresh": 0}, {"max_margin": 0.9}, {"max_margin": math.inf},
+])
+def test_config_rejects_nonsense(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        TpotPlanConfig(**bad)
+
+
+# ------------------------------------------------------------------ the pick plans with it
+
+ENTRY = RouteInfo("r0", 1.0, endpoint="http://r0", prefill_tokens_per_s=10_000.0, decode_step_base_ms=20.0,
+                  decode_step_per_seq_ms=0.5)
+SLO = SloTargets(ttft_s=2.0, tpot_s=0.1)
+
+
+def _policy_with_margin(errors: list[float]) -> tuple[TidegatePolicy, RequestFeatures]:
+    policy = TidegatePolicy(SLO, tpot_plan=SMALL)
+    snap = PoolSnapshot((ENTRY,), {}, frozenset(), slo=SLO)
+    for i, e in enumerate(errors):
+        req = RequestFeatures(prompt_tokens=500, max_tokens=50, req_id=f"q{i}")
+        planned = SLO.tpot_s / policy.tpot_margin
+        assert policy.pick(snap, req, random.Random(0)) is not None
+        policy.on_dispatch(req, "r0")
+        policy.on_first_token(req, "r0")
+        policy.on_tpot(req, "r0", e * planned)  # e times what it was planned to
+        policy.on_complete(req, "r0")
+    return policy, RequestFeatures(prompt_tokens=500, max_tokens=50, req_id="new")
+
+
+def test_the_prefill_budget_shrinks_with_the_margin() -> None:
+    snap = PoolSnapshot((ENTRY,), {}, frozenset(), slo=SLO)
+    plain, req = _policy_with_margin([])
+    tight, _ = _policy_with_margin([1.25] * 20)
+    assert plain.tpot_margin == 1.0 and tight.tpot_margin == pytest.approx(1.25)
+    b_plain = plain.predictions(snap, req)[0].prefill_budget
+    b_tight = tight.predictions(snap, req)[0].prefill_budget
+    step = (20.0 + 0.5) / 1000.0   # one sequence decoding: the request itself
+    assert b_plain == pytest.approx((0.1 - step) * 10_000.0)
+    assert b_tight == pytest.approx((0.1 / 1.25 - step) * 10_000.0)
+
+
+def test_a_request_the_policy_did_not_place_teaches_nothing() -> None:
+    policy = TidegatePolicy(SLO, tpot_plan=SMALL)
+    for i in range(20):
+        policy.on_tpot(RequestFeatures(prompt_tokens=10, req_id=f"x{i}"), "r0", 1.0)
+    assert policy.tpot_margin == 1.0
