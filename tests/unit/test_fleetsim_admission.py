@@ -198,3 +198,26 @@ def test_committing_after_the_decision_time_answers_every_rejection_within_it() 
     assert to_reject(committed) and max(to_reject(committed)) <= 0.05 + 1e-9
     for r in committed.records:
         assert (r.finish_s is not None) != bool(r.rejected)
+
+
+@pytest.mark.parametrize("admission", [AdmissionConfig(), None])
+def test_realized_tpots_reach_the_policys_plan_only_under_admission(admission) -> None:
+    """Admission enforces the pick's TPOT plan, so the simulator reports every finished request's
+    realized TPOT to the policy then (as the live router does), and never without it."""
+    s = sim(admission)
+    seen: list[float] = []
+    policy = s.routers[0].policy
+    orig = policy.on_tpot
+
+    def spy(request, replica_id, tpot_s):  # noqa: ANN001
+        seen.append(tpot_s)
+        orig(request, replica_id, tpot_s)
+
+    policy.on_tpot = spy
+    res = s.run()
+    finished = [r for r in res.records if r.tpot_s is not None]
+    if admission is None:
+        assert seen == [] and policy.tpot_margin == 1.0
+    else:
+        assert sorted(seen) == sorted(r.tpot_s for r in finished) and len(seen) > 32
+        assert 1.0 <= policy.tpot_margin <= 2.0
