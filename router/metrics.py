@@ -119,6 +119,10 @@ class RouterMetrics:
             "timeouts, parser-level HTTP errors; by kind.", ["kind"], registry=r)
         self.client_connections = Gauge("tidegate_router_client_connections", "Open client connections.",
                                         registry=r)
+        self.tpot_plan_margin = Gauge(
+            "tidegate_router_tpot_plan_margin",
+            "Under admission: what the pool's TPOT target is divided by when planning (the 0.99 quantile of "
+            "realized over planned TPOT of recent requests, 1 to 2; 1 = plans are met).", ["model"], registry=r)
         self.peer_routers = Gauge("tidegate_router_peer_routers",
                                   "Other routers whose load this router counts (their router-load records).",
                                   registry=r)

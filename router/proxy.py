@@ -387,6 +387,9 @@ class Proxy:
                 # Only admission enforces the policy's TPOT plan: without it the TPOT says nothing of it.
                 if tpot is not None and self.gate is not None and self.gate.applies(policy):
                     registry.notify_tpot(policy, req, choice.replica_id, tpot)
+                    margin = getattr(policy, "tpot_margin", None)
+                    if margin is not None:
+                        self._metrics.tpot_plan_margin.labels(table.pool).set(margin)
                 registry.notify(policy, "on_complete", req, choice.replica_id)
                 self._wake(table.pool)
             if isinstance(result, web.StreamResponse):

@@ -440,6 +440,8 @@ class FakeTpotPolicy(FakeOutputPolicy):
         return [Prediction(e.replica_id, 0, request.prompt_tokens, 0.01, 0.01, 0.0, 0.0, 0.1, 0.0, 1e9, 1e9)
                 for e in snapshot.candidates()]
 
+    tpot_margin = 1.25
+
     def on_tpot(self, request, replica_id, tpot_s):
         self.tpots.append((replica_id, tpot_s))
         self.calls.append(("tpot", replica_id))
@@ -482,8 +484,10 @@ async def test_realized_tpot_reaches_the_policy_only_under_admission(monkeypatch
         assert 0 < fake.tpots[0][1] < 1.0
         calls = [c for c, _ in fake.calls]
         assert calls.index("tpot") < len(calls) and calls[calls.index("tpot") + 1] == "complete"
+        assert router.metrics.registry.get_sample_value("tidegate_router_tpot_plan_margin", {"model": "m"}) == 1.25
     else:
         assert fake.tpots == []
+        assert router.metrics.registry.get_sample_value("tidegate_router_tpot_plan_margin", {"model": "m"}) is None
 
 
 async def test_deadline_that_fires_is_a_timeout_and_withdraws_its_cancel():
