@@ -344,7 +344,8 @@ def test_with_peers_a_prompt_goes_to_the_cheapest_own_replica_in_the_band():
     assert pol.pick(snap, req(2_000, rid="x"), random.Random(0)).replica_id == "c"     # d: out of the band
     pol.on_dispatch(req(30_000, rid="more-c"), "c")                                  # c leaves the band too
     assert pol.pick(snap, req(2_000, rid="x"), random.Random(0)).replica_id == "a"     # none of its own: the cheapest
+    pol.forget_peer("router-2")                                                      # two routers again: b and c
+    assert pol.pick(snap, req(2_000, rid="x"), random.Random(0)).replica_id == "b"
     pol.forget_peer("router-1")
-    pol.forget_peer("router-2")
     pol.on_complete(req(30_000, rid="more-c"), "c")
     assert pol.pick(snap, req(2_000, rid="x"), random.Random(0)).replica_id == "a"     # alone again

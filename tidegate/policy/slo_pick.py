@@ -176,7 +176,8 @@ class TidegatePolicy:
         # This router's id as its peers' reports name it (bind_router), and the replicas it owns
         # among them (peer_load.owned_replicas) for the peers and the table they were computed for.
         self._router_id: str | None = None
-        self._owned: tuple[frozenset[str], tuple[RouteInfo, ...], frozenset[str]] | None = None
+        # (None when the peer set changed since: on_peer_load, forget_peer).
+        self._owned: tuple[tuple[RouteInfo, ...], frozenset[str]] | None = None
 
     # ------------------------------------------------------------------ prediction
 
@@ -485,15 +486,17 @@ class TidegatePolicy:
     def bind_router(self, router_id: str) -> None:
         """This router's id as its peers' reports name it. With peers, the pick prefers the
         replicas this router owns among them (owned_replicas) within the bounded-load band."""
+        if router_id != self._router_id:
+            self._owned = None
         self._router_id = router_id
 
     def _mine(self, router_id: str) -> frozenset[str]:
-        peers, entries = frozenset(self._peers), self._cands.entries
+        entries = self._cands.entries
         owned = self._owned
-        if owned is None or owned[0] != peers or owned[1] is not entries:
-            mine = owned_replicas(router_id, peers, [e.replica_id for e in entries])
-            owned = self._owned = (peers, entries, mine)
-        return owned[2]
+        if owned is None or owned[0] is not entries:
+            mine = owned_replicas(router_id, frozenset(self._peers), [e.replica_id for e in entries])
+            owned = self._owned = (entries, mine)
+        return owned[1]
 
     def take_report(self) -> PeerReport:
         """This router's own load per replica and the prefix blocks its requests used there since
@@ -532,6 +535,8 @@ class TidegatePolicy:
                 own = self._own.setdefault(rid, _Own())
                 own.peer_keys[router_id] = [own.stalled_s + b for b in r.budgets]
                 own.merged = None
+        if router_id not in self._peers:
+            self._owned = None   # a new peer: the replicas this router owns change
         self._peers[router_id] = dict(report.loads)
         self._peer_sum = sum_peers(self._peers.values())
         # Its requests' blocks are pinned here while they run, as the engine pins them, and
@@ -553,6 +558,7 @@ class TidegatePolicy:
             self._index.release_keys(rid, keys)
         if self._peers.pop(router_id, None) is not None:
             self._peer_sum = sum_peers(self._peers.values())
+            self._owned = None
         for rid, own in list(self._own.items()):
             if own.peer_keys.pop(router_id, None) is not None:
                 own.merged = None
