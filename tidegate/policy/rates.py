@@ -20,7 +20,8 @@ Why it holds: each decoded token's inter-token latency is the duration of the st
 so the ITL histogram's sum is the sum over steps of B_s * T_s and its count the sum of B_s. With
 T_s linear in B_s and P_s, y is the token-weighted mean step time, which equals the model at the
 window's mean batch and prefill when B_s varies little inside the window (it is biased up by
-per_seq * Var(B)/mean(B) otherwise; windows are 1 s, or `min_window_s` when set, see below). Engines that do not
+per_seq * Var(B)/mean(B) otherwise; base and per_seq use the 1 s report windows, the prefill
+slope merged ones, see below). Engines that do not
 count steps (SGLang) get steps = busy_s / y, with busy_s their GPU busy time where exported and
 the interval otherwise (right while the engine is busy, which is when the rates matter).
 
