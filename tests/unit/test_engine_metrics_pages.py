@@ -70,6 +70,18 @@ def test_page_parses_to_engine_sample(name: str) -> None:
     assert s.has_kv_capacity == (want.kv_capacity_tokens > 0)
 
 
+@pytest.mark.parametrize(("name", "prefill"), [
+    ("vllm-v1-005a810.txt", (2 * (120 * 0.15 + 30 * 0.6 + 10 * 2.0), 320.0)),  # both engines summed
+    ("vllm-v0-00c33e8.txt", (None, None)),    # not in that V0 release
+    ("sglang-docs-00b08c4.txt", (None, None)),
+    ("tgi-router-003eaec.txt", (None, None)),
+])
+def test_prefill_time_histogram_read_where_the_engine_exports_it(name: str, prefill: tuple) -> None:
+    """vllm:request_prefill_time_seconds sizes the rate fit's merge (tidegate/policy/rates.py)."""
+    s = parse_metrics(page(name))
+    assert (s.prefill_time_sum_s, s.prefill_time_count) == pytest.approx(prefill)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_page_names_its_source(name: str) -> None:
     head = page(name).split("\n# HELP", 1)[0]
