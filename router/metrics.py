@@ -136,3 +136,4 @@ class RouterMetrics:
         self.upstream_latency_for = Children(self.upstream_latency)
         self.ttft_for = Children(self.ttft)
         self.class_ttft_for = Children(self.class_ttft)
+        self.tpot_plan_margin_for = Children(self.tpot_plan_margin)

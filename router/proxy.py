@@ -389,7 +389,7 @@ class Proxy:
                     registry.notify_tpot(policy, req, choice.replica_id, tpot)
                     margin = getattr(policy, "tpot_margin", None)
                     if margin is not None:
-                        self._metrics.tpot_plan_margin.labels(table.pool).set(margin)
+                        self._metrics.tpot_plan_margin_for(table.pool).set(margin)
                 registry.notify(policy, "on_complete", req, choice.replica_id)
                 self._wake(table.pool)
             if isinstance(result, web.StreamResponse):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -390,6 +391,22 @@ async def test_pools_without_an_slo_get_the_routers_default(engines, monkeypatch
     assert fake.slos == [default]
 
 
+@contextlib.asynccontextmanager
+async def sim_engine(model: str = "m"):  # noqa: ANN201
+    """A real simulated vLLM replica (tiny-h100, 50x speed) on loopback; yields its base URL."""
+    from tidegate.simulator.engine import Engine as SimEngine
+    from tidegate.simulator.profiles import get_profile
+    from tidegate.simulator.server import create_app
+
+    sim = web.AppRunner(create_app(SimEngine(get_profile("tiny-h100"), random.Random(0)), model, speedup=50.0))
+    await sim.setup()
+    try:
+        await web.TCPSite(sim, "127.0.0.1", 0).start()
+        yield f"http://127.0.0.1:{sim.addresses[0][1]}"
+    finally:
+        await sim.cleanup()
+
+
 class FakeOutputPolicy(FakeHookPolicy):
     def __init__(self) -> None:
         super().__init__()
@@ -405,24 +422,17 @@ class FakeOutputPolicy(FakeHookPolicy):
 ])
 async def test_finished_answers_teach_the_policy_their_output_length(monkeypatch, path, payload):
     from tidegate.policy import registry
-    from tidegate.simulator.engine import Engine as SimEngine
-    from tidegate.simulator.profiles import get_profile
-    from tidegate.simulator.server import create_app
 
     fake = FakeOutputPolicy()
     monkeypatch.setattr(registry, "create", lambda name: fake)
-    sim = web.AppRunner(create_app(SimEngine(get_profile("tiny-h100"), random.Random(0)), "m", speedup=50.0))
-    await sim.setup()
-    await web.TCPSite(sim, "127.0.0.1", 0).start()
     tables = RoutingTables()
-    set_table(tables, "m", [("a", f"http://127.0.0.1:{sim.addresses[0][1]}", 1.0)])
-    async with Router(tables) as client:
+    async with sim_engine() as url, Router(tables) as client:
+        set_table(tables, "m", [("a", url, 1.0)])
         for extra in ({}, {"stream": True, "stream_options": {"include_usage": True}},
                       {"stream": True}):  # a stream without usage: the count is unknown, nothing is said
             r = await client.post(path, json={**payload, **extra})
             assert r.status == 200
             await r.read()
-    await sim.cleanup()
     # The simulated engine writes exactly max_tokens and reports it in usage.
     assert fake.outputs == [("a", 12), ("a", 12)]
 
@@ -457,28 +467,20 @@ async def test_realized_tpot_reaches_the_policy_only_under_admission(monkeypatch
     from tidegate.policy import registry
     from tidegate.policy.admission import AdmissionConfig, ClassLimits
     from tidegate.router.admission import AdmissionMetrics, Gate
-    from tidegate.simulator.engine import Engine as SimEngine
-    from tidegate.simulator.profiles import get_profile
-    from tidegate.simulator.server import create_app
 
     fake = FakeTpotPolicy()
     monkeypatch.setattr(registry, "create", lambda name: fake)
-    sim = web.AppRunner(create_app(SimEngine(get_profile("tiny-h100"), random.Random(0)), "m", speedup=50.0))
-    await sim.setup()
-    await web.TCPSite(sim, "127.0.0.1", 0).start()
     tables = RoutingTables()
-    set_table(tables, "m", [("a", f"http://127.0.0.1:{sim.addresses[0][1]}", 1.0)])
     router = Router(tables)
-    async with router as client:
+    async with sim_engine() as url, router as client:
+        set_table(tables, "m", [("a", url, 1.0)])
         if admission:
             limits = {c: ClassLimits(4, 30.0) for c in ("critical", "standard", "sheddable")}
-            router.proxy.gate = Gate(AdmissionConfig(limits), time.monotonic,
-                                                      AdmissionMetrics(CollectorRegistry()))
+            router.proxy.gate = Gate(AdmissionConfig(limits), time.monotonic, AdmissionMetrics(CollectorRegistry()))
         for extra in ({"stream": True, "stream_options": {"include_usage": True}}, {"stream": True}, {}):
             r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 12, **extra})
             assert r.status == 200
             await r.read()
-    await sim.cleanup()
     if admission:
         assert [rid for rid, _ in fake.tpots] == ["a"]
         assert 0 < fake.tpots[0][1] < 1.0
