@@ -101,9 +101,8 @@ def test_prefill_time_spans_first_scheduled_to_first_token() -> None:
     s = engine.stats()
     assert s.prefill_time_count == 2
     assert s.prefill_time_sum_s == pytest.approx(prefill["long"] + prefill["short"])
-    steps_of_long = -(-long_prompt // H100.max_num_batched_tokens)
     assert prefill["long"] > prefill["short"] > 0
-    assert steps_of_long >= 3 and prefill["long"] >= 2 * prefill["short"]
+    assert prefill["long"] >= 2 * prefill["short"]  # its chunks span three steps or more
 
 
 @pytest.mark.parametrize(("flavor", "exported"), [("vllm", True), ("vllm-v0", True), ("sglang", False)])
