@@ -8,12 +8,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tidegate.policy.pick import routable
+from tidegate.router.engine_client import EngineClient
 from tidegate.router.metrics import RouterMetrics
 from tidegate.router.openapi import spec as openapi_spec
 from tidegate.router.parse import CHAT_PATH, COMPLETIONS_PATH, error_body
@@ -31,18 +31,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _DIRECT = web.AppKey("tidegate_direct_routes", dict)
 
 
-def make_session(connect_timeout_s: float, limit: int = 10_000) -> aiohttp.ClientSession:
-    """One shared client session for every engine. Bodies pass through untouched (no
-    decompression); only connecting has its own timeout, the first byte is timed by the proxy.
-    No cookie jar: one client's engine cookies must never go out with another's request (the
-    engine's Set-Cookie still reaches its own client), and a jar costs time on every request."""
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=30,
-                                     enable_cleanup_closed=True)
-    return aiohttp.ClientSession(
-        connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
-        skip_auto_headers=("User-Agent",),
-    )
+def make_session(connect_timeout_s: float, limit: int = 10_000) -> EngineClient:
+    """One shared engine client for every engine (router/engine_client.py): bodies pass through
+    untouched, only connecting has its own timeout (the first byte is timed by the proxy), and
+    no cookies are kept, so one client's engine cookies never go out with another's request."""
+    return EngineClient(connect_timeout_s, limit=limit, keepalive_s=30.0)
 
 
 def _openai_errors(ratelog: LogRateLimiter) -> Any:

@@ -24,14 +24,12 @@ import json
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import structlog
 from aiohttp import web
-from multidict import CIMultiDict
 
 from tidegate.policy import registry
 from tidegate.policy.admission_budget import Hold
@@ -41,6 +39,7 @@ from tidegate.router.admission import Gate, Rejected, rejection_response
 from tidegate.router.admission_budgets import AdmissionBudgets
 from tidegate.router.budget import RetryBudget
 from tidegate.router.credentials import NO_CREDENTIALS, EngineCredentials
+from tidegate.router.engine_client import ConnectFailed, EngineClient, EngineError, EngineResponse
 from tidegate.router.inflight import InflightCounter
 from tidegate.router.metrics import RouterMetrics
 from tidegate.router.parse import DEFAULT_MAX_JSON_DEPTH, BadRequest, error_body, parse_request, request_prefix_hashes
@@ -142,22 +141,25 @@ def json_error(status: int, message: str, type_: str, param: str | None = None, 
                         content_type="application/json", headers=headers)
 
 
-def _dropped(headers: Any, always: frozenset[str]) -> frozenset[str]:
+def _dropped(headers: Iterable[tuple[str, str]], always: frozenset[str]) -> frozenset[str]:
     """`always` and the headers the Connection header names (hop-by-hop too)."""
-    values = headers.getall("Connection", ())
+    values = [v for k, v in headers if k.lower() == "connection"]
     if not values:
         return always
     return always.union(t.strip().lower() for value in values for t in value.split(","))
 
 
-def forward_request_headers(headers: Any) -> CIMultiDict[str]:
-    drop = _dropped(headers, _DROP_REQUEST)
-    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
+def forward_request_headers(headers: Any) -> list[tuple[str, str]]:
+    """A client's request headers (a multidict) as they go to the engine."""
+    items = list(headers.items())
+    drop = _dropped(items, _DROP_REQUEST)
+    return [(k, v) for k, v in items if k.lower() not in drop]
 
 
-def forward_response_headers(headers: Any) -> CIMultiDict[str]:
+def forward_response_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """An engine's answer headers as they go to the client."""
     drop = _dropped(headers, _DROP_RESPONSE)
-    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
+    return [(k, v) for k, v in headers if k.lower() not in drop]
 
 
 class _Relayed(web.StreamResponse):
@@ -174,7 +176,7 @@ def _sse_error(message: str) -> bytes:
 
 
 class Proxy:
-    def __init__(self, tables: RoutingTables, session: aiohttp.ClientSession, inflight: InflightCounter,
+    def __init__(self, tables: RoutingTables, session: EngineClient, inflight: InflightCounter,
                  budget: RetryBudget, metrics: RouterMetrics, rng: random.Random, settings: ProxySettings,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._tables = tables
@@ -427,37 +429,36 @@ class Proxy:
     async def _attempt(self, request: web.Request, body: bytes, table: PoolTable, choice: registry.Pick,
                        features: RequestFeatures, t0: float,
                        first_token: Callable[[], None] | None = None) -> web.StreamResponse | _Failure:
-        url = choice.endpoint + request.rel_url.path_qs
         headers = forward_request_headers(request.headers)
         engine_auth = self._settings.engine_credentials.authorization(table.pool)
         if engine_auth is not None:
-            headers["Authorization"] = engine_auth
+            headers.append(("Authorization", engine_auth))
         sent = self._clock()
-        upstream: aiohttp.ClientResponse | None = None
+        upstream: EngineResponse | None = None
         done = False
         try:
             deadline = _Deadline(self._event_loop(), self._settings.first_byte_timeout_s)
             try:
                 try:
-                    upstream = await self._session.post(url, data=body, headers=headers)
+                    upstream = await self._session.post(choice.endpoint, request.rel_url.path_qs, headers, body)
                     self._metrics.upstream_latency_for(table.pool).observe(self._clock() - sent)
                     if upstream.status >= 500:
                         data = await upstream.read()
                         return _Failure("upstream_5xx", True, upstream.status,
                                         f"engine answered {upstream.status}", data,
-                                        upstream.headers.get("Content-Type"))
-                    first = await upstream.content.readany()
+                                        upstream.header("Content-Type"))
+                    first = await upstream.readany()
                 finally:
                     timed_out = deadline.close()
             except asyncio.CancelledError:
                 if not timed_out:
                     raise
                 return _Failure("timeout", False, 504, _FIRST_BYTE_TIMEOUT)
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:  # nothing was sent
-                return _Failure("connect", True, 502, f"cannot connect to replica: {exc.__class__.__name__}")
+            except ConnectFailed as exc:  # nothing was sent
+                return _Failure("connect", True, 502, f"cannot connect to replica: {exc.reason}")
             except TimeoutError:
                 return _Failure("timeout", False, 504, _FIRST_BYTE_TIMEOUT)
-            except (aiohttp.ClientError, ConnectionError) as exc:
+            except (EngineError, ConnectionError) as exc:
                 return _Failure("reset", True, 502, f"connection to replica failed: {exc.__class__.__name__}")
             if first_token is not None:  # the engine's first body chunk: its prefill is done
                 first_token()
@@ -466,16 +467,16 @@ class Proxy:
             return result
         finally:
             if upstream is not None:
-                if done and upstream.content.at_eof():
+                if done and upstream.at_eof():
                     upstream.release()
                 else:  # cut short (error, client gone, cancel): drop the connection so the engine aborts
                     upstream.close()
 
-    async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
+    async def _stream(self, request: web.Request, upstream: EngineResponse, first: bytes,
                       table: PoolTable, choice: registry.Pick, features: RequestFeatures,
                       t0: float) -> web.StreamResponse:
         out = _Relayed(status=upstream.status, reason=upstream.reason,
-                       headers=forward_response_headers(upstream.headers))
+                       headers=forward_response_headers(upstream.raw_headers))
         out.headers[REPLICA_HEADER] = choice.replica_id
         is_sse = upstream.content_type == "text/event-stream"
         if upstream.content_length is not None and not is_sse:
@@ -493,8 +494,8 @@ class Proxy:
                     self._metrics.class_ttft_for(table.pool, request.get(_CLASS, "unknown")).observe(ttft)
             while True:
                 try:
-                    chunk = await upstream.content.readany()
-                except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
+                    chunk = await upstream.readany()
+                except (EngineError, ConnectionError, TimeoutError) as exc:
                     self._metrics.upstream_errors.labels(choice.replica_id, "midstream").inc()
                     self._log_limited(f"upstream_stream_broken:{choice.replica_id}", "upstream_stream_broken",
                                       pool=table.pool, replica_id=choice.replica_id, error=exc.__class__.__name__)
