@@ -26,7 +26,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
 import httptools
@@ -156,6 +156,10 @@ class _Connection(asyncio.Protocol):
             self.response._fail(exc)
         self.close()
 
+    def pause(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
     def resume(self) -> None:
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
@@ -170,7 +174,7 @@ class EngineResponse:
 
     __slots__ = ("_conn", "_loop", "status", "reason", "raw_headers", "content_type", "content_length",
                  "until_close", "keep_alive", "complete", "buffered", "_chunks", "_waiter", "_error",
-                 "_released")
+                 "_released", "_sink", "_sink_full")
 
     def __init__(self, conn: _Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._conn = conn
@@ -188,6 +192,8 @@ class EngineResponse:
         self._waiter: asyncio.Future[None] | None = None
         self._error: EngineError | None = None
         self._released = False
+        self._sink: Callable[[bytes], bool] | None = None  # relay mode: where body pieces go at once
+        self._sink_full = False
 
     def _headers_done(self, status: int) -> None:
         self.status = status
@@ -207,6 +213,12 @@ class EngineResponse:
         self._wake()
 
     def _feed(self, body: bytes) -> None:
+        if self._sink is not None and not self._sink_full and not self._chunks:
+            if not self._sink(body):
+                self._sink_full = True
+                self._conn.pause()
+                self._wake()
+            return
         self._chunks.append(body)
         self.buffered += len(body)
         self._wake()
@@ -263,6 +275,44 @@ class EngineResponse:
             self._conn.resume()
         return data
 
+    def relay(self, sink: Callable[[bytes], bool]) -> None:
+        """From now on every body piece goes to `sink(piece)` as it arrives, from the connection's
+        own callback: no task switch per piece, which is most of what a streamed chunk costs.
+        `sink` returns False when its side is full (a slow client): the connection stops reading
+        until `relay_resume()`. Follow it with `relay_wait()`."""
+        self._sink = sink
+        self._flush_to_sink()
+
+    def _flush_to_sink(self) -> None:
+        sink, chunks = self._sink, self._chunks
+        assert sink is not None
+        while chunks:
+            piece = chunks.popleft()
+            self.buffered -= len(piece)
+            if not sink(piece):
+                self._sink_full = True
+                self._conn.pause()
+                return
+
+    async def relay_wait(self) -> bool:
+        """In relay mode: True once the whole body has gone to the sink, False when the sink said
+        it is full (drain it, then `relay_resume()`). Raises ConnectionBroken as readany does."""
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self._sink_full:
+                return False
+            if self.complete and not self._chunks:
+                return True
+            await self._wait()
+
+    def relay_resume(self) -> None:
+        """The sink has room again: what waited goes to it, then the connection reads on."""
+        self._sink_full = False
+        self._flush_to_sink()
+        if not self._sink_full:
+            self._conn.resume()
+
     async def read(self) -> bytes:
         """The whole body."""
         parts = []
@@ -307,6 +357,7 @@ class EngineClient:
         self._waiters: deque[asyncio.Future[None]] = deque()  # requests waiting for room under `limit`
         self._sweeper: asyncio.TimerHandle | None = None
         self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it serves, once known
 
     @property
     def open_connections(self) -> int:
@@ -332,14 +383,14 @@ class EngineClient:
         if self._closing:
             raise ConnectFailed("the engine client is closed")
         ep = self._endpoint(base_url)
-        head = [b"POST ", ep.path, path_qs.encode("utf-8", "surrogateescape"), b" HTTP/1.1\r\nHost: ", ep.host_header,
-                b"\r\nContent-Length: ", str(len(body)).encode(), b"\r\n"]
-        for name, value in headers:
-            head.append(f"{name}: {value}\r\n".encode("utf-8", "surrogateescape"))
-        head.append(b"\r\n")
-        request = b"".join(head)
+        lines = "".join([f"{name}: {value}\r\n" for name, value in headers])
+        request = b"".join((b"POST ", ep.path, path_qs.encode("utf-8", "surrogateescape"), b" HTTP/1.1\r\nHost: ",
+                            ep.host_header, b"\r\nContent-Length: ", str(len(body)).encode(), b"\r\n",
+                            lines.encode("utf-8", "surrogateescape"), b"\r\n"))
         conn = await self._acquire(ep)
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         response = conn.response = EngineResponse(conn, loop)
         try:
             assert conn.transport is not None

@@ -18,7 +18,6 @@ the streamed answer and released in `finally`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import json
 import random
@@ -151,9 +150,10 @@ def _dropped(headers: Iterable[tuple[str, str]], always: frozenset[str]) -> froz
 
 def forward_request_headers(headers: Any) -> list[tuple[str, str]]:
     """A client's request headers (a multidict) as they go to the engine."""
-    items = list(headers.items())
-    drop = _dropped(items, _DROP_REQUEST)
-    return [(k, v) for k, v in items if k.lower() not in drop]
+    named = headers.getall("Connection", None)
+    drop = _DROP_REQUEST if named is None else _DROP_REQUEST.union(
+        t.strip().lower() for value in named for t in value.split(","))
+    return [(k, v) for k, v in headers.items() if k.lower() not in drop]
 
 
 def forward_response_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -168,6 +168,30 @@ class _Relayed(web.StreamResponse):
     buffers them the same way): the proxy has that chunk in hand before it prepares."""
 
     _send_headers_immediately = False  # aiohttp 3.14's switch (pinned <3.15 for router/frontdoor.py)
+
+
+class _ClientSink:
+    """Where an engine's body pieces go after the first (EngineResponse.relay): straight into the
+    client's transport, framed as aiohttp frames a chunked answer, from the engine connection's
+    own callback. The answer's headers and first piece went through aiohttp (out.write), its end
+    goes through it too (out.write_eof), so aiohttp frames the start and the end and this the
+    middle, in order on one transport. Keeps the last two pieces (the usage is in them)."""
+
+    __slots__ = ("_transport", "_chunked", "_high", "prev", "last")
+
+    def __init__(self, transport: asyncio.Transport, chunked: bool, first: bytes) -> None:
+        self._transport = transport
+        self._chunked = chunked
+        self._high = transport.get_write_buffer_limits()[1]  # past it aiohttp's drain() waits
+        self.prev, self.last = b"", first
+
+    def __call__(self, piece: bytes) -> bool:
+        transport = self._transport
+        if transport.is_closing():
+            return False
+        transport.write(b"%x\r\n%b\r\n" % (len(piece), piece) if self._chunked else piece)
+        self.prev, self.last = self.last, piece
+        return transport.get_write_buffer_size() <= self._high
 
 
 def _sse_error(message: str) -> bytes:
@@ -284,17 +308,17 @@ class Proxy:
             return json_error(400, str(exc), "invalid_request_error", param=exc.header, code=exc.error_code)
         request[_CLASS] = rclass.name
         self._budget.on_request()
-        if getattr(self._policy(table.pool), "uses_prefix_hashes", False):
-            features = dataclasses.replace(features, prefix_hashes=request_prefix_hashes(request.path, payload))
-        return await self._route(request, body, table, features, t0, rclass)
+        policy = self._policy(table.pool)
+        hashes = (request_prefix_hashes(request.path, payload) if getattr(policy, "uses_prefix_hashes", False)
+                  else features.prefix_hashes)
+        return await self._route(request, body, table, features, t0, rclass, policy, hashes)
 
     async def _route(self, request: web.Request, body: bytes, table: PoolTable, features: RequestFeatures,
-                     t0: float, rclass: RequestClass) -> web.StreamResponse:
+                     t0: float, rclass: RequestClass, policy: registry.Policy,
+                     prefix_hashes: tuple[int, ...]) -> web.StreamResponse:
         """Admission (dispatch now, hold, or 429; this router's budget share is part of it), then
         the pick and the attempts (`_send`)."""
-        policy = self._policy(table.pool)
-        req = registry.RequestFeatures(prompt_tokens=features.prompt_tokens, max_tokens=features.max_tokens,
-                                       prefix_hashes=features.prefix_hashes, priority=rclass.priority,
+        req = registry.RequestFeatures(features.prompt_tokens, features.max_tokens, prefix_hashes, rclass.priority,
                                        prefix_block_tokens=PREFIX_BLOCK_TOKENS)
         budget = self.admission_budgets.get(table.pool) if self.admission_budgets is not None else None
         gate = self.gate
@@ -481,20 +505,24 @@ class Proxy:
         is_sse = upstream.content_type == "text/event-stream"
         if upstream.content_length is not None and not is_sse:
             out.content_length = upstream.content_length
-        prev, last = b"", first
         first_at: float | None = None
         try:
             await out.prepare(request)
             if first:
-                await out.write(first)
+                await out.write(first)  # the headers and the first piece in one write
                 if features.stream or is_sse:
                     first_at = self._clock()
                     ttft = first_at - t0
                     self._metrics.ttft_for(table.pool).observe(ttft)
                     self._metrics.class_ttft_for(table.pool, request.get(_CLASS, "unknown")).observe(ttft)
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                raise ConnectionResetError("the client went away")
+            sink = _ClientSink(transport, out.headers.get("Transfer-Encoding") == "chunked", first)
+            upstream.relay(sink)
             while True:
                 try:
-                    chunk = await upstream.readany()
+                    ended = await upstream.relay_wait()
                 except (EngineError, ConnectionError, TimeoutError) as exc:
                     self._metrics.upstream_errors.labels(choice.replica_id, "midstream").inc()
                     self._log_limited(f"upstream_stream_broken:{choice.replica_id}", "upstream_stream_broken",
@@ -507,13 +535,15 @@ class Proxy:
                         # a truncated body must not look complete: cut the client connection
                         request.transport.close()
                     return out
-                if not chunk:
+                if ended:
                     break
-                prev, last = last, chunk
-                await out.write(chunk)
+                if transport.is_closing():  # the client is gone: its handler is being cancelled
+                    raise ConnectionResetError("the client went away")
+                await request.writer.drain()  # a slow client: the engine waits (relay paused it)
+                upstream.relay_resume()
             await out.write_eof()
             if upstream.status == 200:
-                usage = _USAGE.search(prev + last)  # usage comes last: in the final chunk or two
+                usage = _USAGE.search(sink.prev + sink.last)  # usage comes last: in the final piece or two
                 if usage is not None:
                     output = request[_OUTPUT] = int(usage.group(1))
                     if first_at is not None and output > 1:

@@ -328,3 +328,96 @@ async def test_bad_endpoint_is_a_failed_connect(url):
         with pytest.raises(ConnectFailed) as info:
             await c.post(url, "/x", [], b"")
         assert info.value.reason == "InvalidURL" and c.open_connections == 0
+
+
+# -------------------------------------------------------------------------- relay mode
+
+
+def chunked_pieces(pieces: list[bytes]) -> bytes:
+    return b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
+async def test_relay_hands_every_piece_to_the_sink_in_order_then_reuses_the_connection():
+    steps = [asyncio.Event() for _ in range(3)]
+
+    async def answer(_: bytes, __: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1\r\na\r\n" + b"1\r\nb\r\n")
+        await writer.drain()
+        for i, step in enumerate(steps):
+            await step.wait()
+            writer.write(b"1\r\n%d\r\n" % i)
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    got: list[bytes] = []
+    async with ScriptedEngine(answer) as engine, client() as c:
+        r = await c.post(engine.url, "/x", [], b"")
+        await wait_for(lambda: r.buffered == 2)  # both early pieces wait in the response
+        assert await r.readany() == b"ab"
+        r.relay(lambda piece: got.append(piece) or True)
+        for i, step in enumerate(steps):
+            step.set()
+            await wait_for(lambda i=i: len(got) == i + 1)  # each piece as it arrives
+        assert await r.relay_wait() is True
+        assert got == [b"0", b"1", b"2"] and r.at_eof()
+        r.release()
+        r = await c.post(engine.url, "/x", [], b"")  # the connection went back to the pool
+        assert r.status == 200 and engine.connections == 1
+
+
+async def test_relay_flushes_pieces_that_arrived_before_it():
+    body = chunked_pieces([b"one", b"two"])
+    async with ScriptedEngine(raw(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body, True)) as engine, \
+            client() as c:
+        r = await c.post(engine.url, "/x", [], b"")
+        await wait_for(lambda: r.complete)
+        got: list[bytes] = []
+        r.relay(lambda piece: got.append(piece) or True)
+        assert got == [b"one", b"two"] and await r.relay_wait() is True
+
+
+async def test_full_sink_pauses_the_engine_until_resumed():
+    pieces = [bytes([65 + i % 26]) * 65536 for i in range(256)]  # 16 MiB: more than loopback buffers hold
+    written = asyncio.Event()
+
+    async def answer(_: bytes, __: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked_pieces(pieces))
+        await writer.drain()
+        written.set()
+        return True
+
+    got: list[bytes] = []
+
+    def sink(piece: bytes) -> bool:
+        got.append(piece)
+        return False  # full after every piece
+
+    async with ScriptedEngine(answer) as engine, client() as c:
+        r = await c.post(engine.url, "/x", [], b"")
+        r.relay(sink)
+        rounds = 0
+        while not await r.relay_wait():
+            rounds += 1
+            if rounds == 1:
+                await asyncio.sleep(0.2)  # paused: the engine cannot finish its answer meanwhile
+                assert not written.is_set() and r.buffered <= 2 * HIGH_WATER
+            r.relay_resume()
+        assert b"".join(got) == b"".join(pieces) and rounds >= 2
+        assert written.is_set()
+        r.release()
+        assert c.idle_connections() == 1
+
+
+async def test_relay_raises_when_the_engine_breaks_mid_body():
+    answer = raw(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n", keep_open=False)
+    async with ScriptedEngine(answer) as engine, client() as c:
+        r = await c.post(engine.url, "/x", [], b"")
+        got: list[bytes] = []
+        r.relay(lambda piece: got.append(piece) or True)
+        with pytest.raises(ConnectionBroken):
+            await r.relay_wait()
+        assert b"".join(got) == b"abc"
+        r.release()
+        await wait_for(lambda: c.open_connections == 0)

@@ -220,6 +220,74 @@ async def test_streaming_passthrough_chunks(engines):
     assert "tidegate_router_inflight_requests 0.0" in metrics
 
 
+class BigEngine:
+    """Answers with `pieces` pieces of 64 KiB (an SSE stream, or one JSON body of that length)
+    and notes when it has written them all."""
+
+    def __init__(self, pieces: int, sse: bool) -> None:
+        self.pieces, self.sse = pieces, sse
+        self.finished = asyncio.Event()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        self.server = TestServer(app, host="127.0.0.1")
+
+    def body(self) -> bytes:
+        return b"".join(self.piece(i) for i in range(self.pieces))
+
+    def piece(self, i: int) -> bytes:
+        return b"data: " + bytes([65 + i % 26]) * (65536 - 8) + b"\n\n"
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        if self.sse:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        else:
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.content_length = 65536 * self.pieces
+        await resp.prepare(request)
+        for i in range(self.pieces):
+            await resp.write(self.piece(i))
+        await resp.write_eof()
+        self.finished.set()
+        return resp
+
+
+@pytest.mark.parametrize("sse", [True, False], ids=["sse", "content-length"])
+async def test_large_answer_relayed_intact(sse):
+    engine = BigEngine(64, sse)  # 4 MiB
+    await engine.server.start_server()
+    tables = RoutingTables()
+    set_table(tables, "m", [("a", f"http://127.0.0.1:{engine.server.port}", 1.0)])
+    try:
+        async with Router(tables) as client:
+            r = await client.post("/v1/chat/completions", json={**CHAT, "stream": sse})
+            assert r.status == 200
+            assert (r.headers.get("Transfer-Encoding") == "chunked") is sse
+            assert await r.read() == engine.body()
+            r = await client.post("/v1/chat/completions", json=CHAT)  # the connection is fine after
+            assert r.status == 200 and len(await r.read()) == 65536 * 64
+    finally:
+        await engine.server.close()
+
+
+async def test_slow_client_slows_its_engine_instead_of_filling_the_router():
+    engine = BigEngine(512, True)  # 32 MiB: more than the loopback buffers of both hops hold
+    await engine.server.start_server()
+    tables = RoutingTables()
+    set_table(tables, "m", [("a", f"http://127.0.0.1:{engine.server.port}", 1.0)])
+    try:
+        async with Router(tables) as client:
+            r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+            got = [await r.content.readexactly(1 << 20)]
+            await asyncio.sleep(0.3)  # the client reads nothing: the engine must not get far
+            assert not engine.finished.is_set()
+            got.append(await r.read())
+            assert b"".join(got) == engine.body()
+            assert engine.finished.is_set()
+    finally:
+        await engine.server.close()
+
+
 async def test_upstream_4xx_passed_through_not_retried(engines):
     engines[0].mode = engines[1].mode = "400"
     tables = RoutingTables()
