@@ -252,40 +252,40 @@ class BigEngine:
         return resp
 
 
-@pytest.mark.parametrize("sse", [True, False], ids=["sse", "content-length"])
-async def test_large_answer_relayed_intact(sse):
-    engine = BigEngine(64, sse)  # 4 MiB
+@contextlib.asynccontextmanager
+async def big_engine_router(pieces: int, sse: bool):
+    engine = BigEngine(pieces, sse)
     await engine.server.start_server()
     tables = RoutingTables()
     set_table(tables, "m", [("a", f"http://127.0.0.1:{engine.server.port}", 1.0)])
     try:
         async with Router(tables) as client:
-            r = await client.post("/v1/chat/completions", json={**CHAT, "stream": sse})
-            assert r.status == 200
-            assert (r.headers.get("Transfer-Encoding") == "chunked") is sse
-            assert await r.read() == engine.body()
-            r = await client.post("/v1/chat/completions", json=CHAT)  # the connection is fine after
-            assert r.status == 200 and len(await r.read()) == 65536 * 64
+            yield engine, client
     finally:
         await engine.server.close()
+
+
+@pytest.mark.parametrize("sse", [True, False], ids=["sse", "content-length"])
+async def test_large_answer_relayed_intact(sse):
+    async with big_engine_router(64, sse) as (engine, client):  # 4 MiB
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": sse})
+        assert r.status == 200
+        assert (r.headers.get("Transfer-Encoding") == "chunked") is sse
+        assert await r.read() == engine.body()
+        r = await client.post("/v1/chat/completions", json=CHAT)  # the connection is fine after
+        assert r.status == 200 and len(await r.read()) == 65536 * 64
 
 
 async def test_slow_client_slows_its_engine_instead_of_filling_the_router():
-    engine = BigEngine(512, True)  # 32 MiB: more than the loopback buffers of both hops hold
-    await engine.server.start_server()
-    tables = RoutingTables()
-    set_table(tables, "m", [("a", f"http://127.0.0.1:{engine.server.port}", 1.0)])
-    try:
-        async with Router(tables) as client:
-            r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
-            got = [await r.content.readexactly(1 << 20)]
-            await asyncio.sleep(0.3)  # the client reads nothing: the engine must not get far
-            assert not engine.finished.is_set()
-            got.append(await r.read())
-            assert b"".join(got) == engine.body()
-            assert engine.finished.is_set()
-    finally:
-        await engine.server.close()
+    # 32 MiB: more than the loopback buffers of both hops hold
+    async with big_engine_router(512, True) as (engine, client):
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        got = [await r.content.readexactly(1 << 20)]
+        await asyncio.sleep(0.3)  # the client reads nothing: the engine must not get far
+        assert not engine.finished.is_set()
+        got.append(await r.read())
+        assert b"".join(got) == engine.body()
+        assert engine.finished.is_set()
 
 
 async def test_upstream_4xx_passed_through_not_retried(engines):
