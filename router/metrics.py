@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import bisect
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from tidegate.router.inflight import InflightCounter
 from tidegate.router.tables import RoutingTables
@@ -61,6 +62,78 @@ class _StateCollector(Collector):
         yield suspect
 
 
+class _CounterChild:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class _HistogramChild:
+    __slots__ = ("_bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self._bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self._bounds, value)] += 1  # le: the first bound >= value
+        self.sum += value
+
+
+class HotCounter(Collector):
+    """A labelled counter for the proxy's per-request path: its children are plain floats that
+    the event loop's thread alone writes, read at scrape time. prometheus_client's own take a
+    lock on every inc (a few per request). Exposed as prometheus_client exposes a counter
+    (`NAME_total`), without the `_created` series."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
+        self._name, self._doc, self._labelnames = name, documentation, list(labelnames)
+        self._children: dict[tuple[str, ...], _CounterChild] = {}
+
+    def labels(self, *values: str) -> _CounterChild:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = _CounterChild()
+        return child
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self._name, self._doc, labels=self._labelnames)
+        for values, child in self._children.items():  # in order of first use, as prometheus_client
+            family.add_metric(list(values), child.value)
+        yield family
+
+
+class HotHistogram(Collector):
+    """A labelled histogram for the per-request path, as HotCounter is a counter."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
+        self._name, self._doc, self._labelnames = name, documentation, list(labelnames)
+        self._bounds = tuple(float(b) for b in buckets)
+        self._les = [floatToGoString(b) for b in self._bounds] + ["+Inf"]
+        self._children: dict[tuple[str, ...], _HistogramChild] = {}
+
+    def labels(self, *values: str) -> _HistogramChild:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = _HistogramChild(self._bounds)
+        return child
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
+        for values, child in self._children.items():  # in order of first use, as prometheus_client
+            cumulative, buckets = 0, []
+            for le, n in zip(self._les, child.counts, strict=True):
+                cumulative += n
+                buckets.append((le, cumulative))
+            family.add_metric(list(values), buckets, child.sum)
+        yield family
+
+
 class Children:
     """One metric's children by label values, each looked up once: prometheus_client's labels()
     checks, converts and locks on every call, a few times per request on the proxy's hot path.
@@ -68,7 +141,7 @@ class Children:
 
     __slots__ = ("_metric", "_children")
 
-    def __init__(self, metric: MetricWrapperBase) -> None:
+    def __init__(self, metric: Any) -> None:
         self._metric = metric
         self._children: dict[tuple[str, ...], Any] = {}
 
@@ -83,27 +156,30 @@ class RouterMetrics:
     def __init__(self, tables: RoutingTables, inflight: InflightCounter, wall: Callable[[], float]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("tidegate_router_requests", "Requests answered, by model and HTTP status.",
-                                ["model", "status"], registry=r)
-        self.upstream_latency = Histogram(
+        # The per-request series: HotCounter / HotHistogram (no lock per request).
+        self.requests = HotCounter("tidegate_router_requests", "Requests answered, by model and HTTP status.",
+                                   ["model", "status"])
+        self.upstream_latency = HotHistogram(
             "tidegate_router_upstream_latency_seconds",
-            "From sending to an engine to its response headers, per attempt.", ["model"],
-            buckets=_LATENCY_BUCKETS, registry=r)
-        self.duration = Histogram("tidegate_router_request_duration_seconds",
-                                  "Whole request at the router, until the last byte.", ["model"],
-                                  buckets=_LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("tidegate_router_ttft_seconds",
-                              "Streaming requests: arrival at the router to the first body chunk sent.",
-                              ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+            "From sending to an engine to its response headers, per attempt.", ["model"], _LATENCY_BUCKETS)
+        self.duration = HotHistogram("tidegate_router_request_duration_seconds",
+                                     "Whole request at the router, until the last byte.", ["model"],
+                                     _LATENCY_BUCKETS)
+        self.ttft = HotHistogram("tidegate_router_ttft_seconds",
+                                 "Streaming requests: arrival at the router to the first body chunk sent.",
+                                 ["model"], _LATENCY_BUCKETS)
         # Per priority class (critical, standard, sheddable; "unknown" when refused before the
         # class was read). Separate series, so the per-model ones above keep their labels.
-        self.class_requests = Counter(
+        self.class_requests = HotCounter(
             "tidegate_router_class_requests", "Requests answered, by model, priority class and HTTP status.",
-            ["model", "priority", "status"], registry=r)
-        self.class_ttft = Histogram(
+            ["model", "priority", "status"])
+        self.class_ttft = HotHistogram(
             "tidegate_router_class_ttft_seconds",
             "Streaming requests: arrival at the router to the first body chunk sent, by priority class.",
-            ["model", "priority"], buckets=_LATENCY_BUCKETS, registry=r)
+            ["model", "priority"], _LATENCY_BUCKETS)
+        for hot in (self.requests, self.upstream_latency, self.duration, self.ttft, self.class_requests,
+                    self.class_ttft):
+            r.register(hot)
         self.retries = Counter("tidegate_router_retries", "Retries to another replica, by reason.",
                                ["model", "reason"], registry=r)
         self.retry_refused = Counter("tidegate_router_retry_budget_exhausted",

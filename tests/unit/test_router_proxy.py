@@ -19,7 +19,7 @@ from tidegate.router.budget import RetryBudget
 from tidegate.router.inflight import InflightCounter
 from tidegate.router.metrics import RouterMetrics
 from tidegate.router.parse import BadRequest, parse_request
-from tidegate.router.proxy import Proxy, ProxySettings, _Deadline, forward_request_headers
+from tidegate.router.proxy import Proxy, ProxySettings, _Deadline, _DeadlineClock, forward_request_headers
 from tidegate.router.tables import RoutingTables
 from tidegate.store.api import KeyValue
 from tidegate.v1.records_pb2 import RouteEntry, RoutingTable
@@ -560,9 +560,13 @@ async def test_realized_tpot_reaches_the_policy_only_under_admission(monkeypatch
         assert router.metrics.registry.get_sample_value("tidegate_router_tpot_plan_margin", {"model": "m"}) is None
 
 
+def deadline_clock(tick_s: float = 0.01) -> _DeadlineClock:
+    return _DeadlineClock(asyncio.get_running_loop(), tick_s)
+
+
 async def test_deadline_that_fires_is_a_timeout_and_withdraws_its_cancel():
-    deadline = _Deadline(asyncio.get_running_loop(), 3600)
-    deadline._fire()  # as the timer would
+    deadline = _Deadline(deadline_clock(), 3600)
+    deadline.fire()  # as the clock would
     with pytest.raises(asyncio.CancelledError):
         await asyncio.sleep(0)
     assert deadline.close()
@@ -571,15 +575,35 @@ async def test_deadline_that_fires_is_a_timeout_and_withdraws_its_cancel():
 
 
 async def test_deadline_closed_in_time_never_cancels():
-    deadline = _Deadline(asyncio.get_running_loop(), 0.001)
+    deadline = _Deadline(deadline_clock(0.001), 0.001)
     assert not deadline.close()
     await asyncio.sleep(0.01)  # past the deadline: nothing fires
 
 
+async def test_deadlines_fire_within_a_tick_in_arming_order():
+    clock = deadline_clock(0.01)
+    loop = asyncio.get_running_loop()
+    fired: list[tuple[str, float]] = []
+
+    async def attempt(name: str, delay_s: float) -> None:
+        deadline = _Deadline(clock, delay_s)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            assert deadline.close()  # the deadline's own cancel: a timeout
+            fired.append((name, loop.time() - start))
+
+    start = loop.time()
+    tasks = [asyncio.create_task(attempt("a", 0.05)), asyncio.create_task(attempt("b", 0.1))]
+    await asyncio.wait_for(asyncio.gather(*tasks), 2)
+    assert [n for n, _ in fired] == ["a", "b"]
+    assert 0.05 <= fired[0][1] < 0.5 and 0.1 <= fired[1][1] < 0.6  # late only by a tick (and a busy machine)
+
+
 async def test_a_cancel_from_elsewhere_stays_a_cancel_even_when_the_deadline_fired():
     async def attempt() -> bool:
-        deadline = _Deadline(asyncio.get_running_loop(), 3600)
-        deadline._fire()
+        deadline = _Deadline(deadline_clock(), 3600)
+        deadline.fire()
         asyncio.current_task().cancel()  # the client went away too
         try:
             await asyncio.sleep(0)

@@ -233,17 +233,22 @@ class Hold:
         self._prefill = True
         self._done = False
 
+    # Both run once per request on the router's hot path: one Tokens built each, no temporaries.
     def first_token(self) -> None:
         if self._prefill and not self._done:
             self._prefill = False
-            self._budget.held -= Tokens(self._tokens.prefill_tokens, 0.0, 0.0)
+            held = self._budget.held
+            self._budget.held = Tokens(held.prefill_tokens - self._tokens.prefill_tokens, held.kv_tokens,
+                                       held.sequences)
 
     def release(self) -> None:
         if self._done:
             return
         self._done = True
-        rest = self._tokens if self._prefill else Tokens(0.0, self._tokens.kv_tokens, self._tokens.sequences)
-        self._budget.held = Tokens.of(max(0.0, v) for v in (self._budget.held - rest).values())
+        held, t = self._budget.held, self._tokens
+        prefill = held.prefill_tokens - t.prefill_tokens if self._prefill else held.prefill_tokens
+        self._budget.held = Tokens(max(0.0, prefill), max(0.0, held.kv_tokens - t.kv_tokens),
+                                   max(0.0, held.sequences - t.sequences))
 
 
 def _pos(x: float) -> bool:
