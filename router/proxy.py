@@ -64,19 +64,31 @@ _DROP_RESPONSE = HOP_BY_HOP | {"content-length", "server", "date"}
 REPLICA_HEADER = "X-Tidegate-Replica"
 REJECT_HEADER = "X-Tidegate-Reject-Reason"     # why a 429 (budget_exhausted; the queue's reasons)
 BUDGET_EXHAUSTED = "budget_exhausted"
-_POOL = web.RequestKey("tidegate_pool", str)      # the pool, once the model is known to be one
-_STATUS = web.RequestKey("tidegate_status", str)  # metric status when it differs from the HTTP one
-_CLASS = web.RequestKey("tidegate_class", str)    # the priority class, once read
-_HOLD = web.RequestKey("tidegate_budget_hold", Hold)  # what the request holds of the admission budget
-# The engine's own count of output tokens (`usage.completion_tokens`), read from the end of a response
-# that finished normally: always in a plain JSON answer, in a stream when the client asked for usage.
-# It teaches the policy how long outputs really are. SSE events are not counted instead: engines
-# coalesce several tokens into one event when the client reads slowly (vLLM's stream interval).
-_OUTPUT = web.RequestKey("tidegate_output_tokens", int)
-# Seconds per output token after the first, of a streamed answer with its usage (the policy's
-# TPOT plan learns from it under admission: registry.notify_tpot).
-_TPOT = web.RequestKey("tidegate_tpot_s", float)
+_EXCHANGE = web.RequestKey("tidegate_exchange", "_Exchange")  # what the proxy notes of one request (below)
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+class _Exchange:
+    """What the proxy notes of one request on its way, read back at its end (metrics, hooks):
+    attributes with defaults instead of optional keys in the request's mapping, whose misses
+    raise and catch a KeyError each (a few per request on the hot path)."""
+
+    __slots__ = ("pool", "status", "cls", "hold", "output_tokens", "tpot_s")
+
+    def __init__(self) -> None:
+        self.pool: str | None = None        # the pool, once the model is known to be one
+        self.status: str | None = None      # metric status when it differs from the HTTP one
+        self.cls = "unknown"                # the priority class, once read
+        self.hold: Hold | None = None       # what the request holds of the admission budget
+        # The engine's own count of output tokens (`usage.completion_tokens`), read from the end of
+        # a response that finished normally: always in a plain JSON answer, in a stream when the
+        # client asked for usage. It teaches the policy how long outputs really are. SSE events
+        # are not counted instead: engines coalesce several tokens into one event when the client
+        # reads slowly (vLLM's stream interval).
+        self.output_tokens: int | None = None
+        # Seconds per output token after the first, of a streamed answer with its usage (the
+        # policy's TPOT plan learns from it under admission: registry.notify_tpot).
+        self.tpot_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -290,22 +302,21 @@ class Proxy:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         t0 = self._clock()
-        model = "_none"  # metric label until the model is known to be a pool (bounded cardinality)
+        ex = request[_EXCHANGE] = _Exchange()
         status = "500"
         try:
             resp = await self._handle(request, t0)
-            model = request.get(_POOL, model)
-            status = str(request.get(_STATUS, resp.status))
+            status = ex.status or str(resp.status)
             return resp
         except asyncio.CancelledError:
-            model = request.get(_POOL, model)
             status = "499"  # client closed the request
             self._metrics.client_disconnects.inc()
             raise
         finally:
+            model = ex.pool or "_none"  # until the model is known to be a pool (bounded cardinality)
             self._metrics.requests_for(model, status).inc()
-            self._metrics.class_requests_for(model, request.get(_CLASS, "unknown"), status).inc()
-            if model != "_none":
+            self._metrics.class_requests_for(model, ex.cls, status).inc()
+            if ex.pool is not None:
                 self._metrics.duration_for(model).observe(self._clock() - t0)
 
     async def _handle(self, request: web.Request, t0: float) -> web.StreamResponse:
@@ -341,13 +352,14 @@ class Proxy:
         if table is None:
             return json_error(404, f"the model {features.model!r} does not exist", "invalid_request_error",
                               param="model", code="model_not_found")
-        request[_POOL] = table.pool
+        ex = request[_EXCHANGE]
+        ex.pool = table.pool
         try:
             rclass = classify(request.headers, trust_priority=self._settings.trust_priority_header,
                               pool_slo=table.slo or self._settings.default_slo)
         except BadHeader as exc:
             return json_error(400, str(exc), "invalid_request_error", param=exc.header, code=exc.error_code)
-        request[_CLASS] = rclass.name
+        ex.cls = rclass.name
         self._budget.on_request()
         policy = self._policy(table.pool)
         hashes = (request_prefix_hashes(request.path, payload) if getattr(policy, "uses_prefix_hashes", False)
@@ -373,7 +385,7 @@ class Proxy:
                 return json_error(429, f"this router's share of the admission budget of {table.pool!r} is in use",
                                   "rate_limit_exceeded", code=BUDGET_EXHAUSTED,
                                   headers={"Retry-After": "1", REJECT_HEADER: BUDGET_EXHAUSTED})
-            hold = request[_HOLD] = budget.acquire(features.prompt_tokens, max_tokens)
+            hold = request[_EXCHANGE].hold = budget.acquire(features.prompt_tokens, max_tokens)
             try:
                 return await self._send(request, body, table, features, t0, rclass, policy, req)
             finally:
@@ -390,7 +402,7 @@ class Proxy:
         if isinstance(outcome, Rejected):
             return rejection_response(pool, outcome)
         if outcome.hold is not None:
-            request[_HOLD] = outcome.hold
+            request[_EXCHANGE].hold = outcome.hold
         sent = [not outcome.held]
 
         def on_sent() -> None:  # exactly once per held request: the queue hands out the next one
@@ -415,6 +427,7 @@ class Proxy:
                     t0: float, rclass: RequestClass, policy: registry.Policy, req: registry.RequestFeatures,
                     closed: frozenset[str] = frozenset(),
                     on_sent: Callable[[], None] | None = None) -> web.StreamResponse:
+        ex = request[_EXCHANGE]
         tried: list[str] = []
         failure: _Failure | None = None
         avoid = self._refusals.avoided() | closed
@@ -447,10 +460,10 @@ class Proxy:
                 result = await self._attempt(request, body, table, choice, features, t0,
                                              first_token=functools.partial(self._first_token, policy, req,
                                                                            choice.replica_id, table.pool,
-                                                                           request.get(_HOLD)))
+                                                                           ex.hold))
             finally:
                 self._inflight.release(choice.replica_id)
-                tpot = request.get(_TPOT)
+                tpot = ex.tpot_s
                 # Only admission enforces the policy's TPOT plan: without it the TPOT says nothing of it.
                 if tpot is not None and self.gate is not None and self.gate.applies(policy):
                     registry.notify_tpot(policy, req, choice.replica_id, tpot)
@@ -460,7 +473,7 @@ class Proxy:
                 registry.notify(policy, "on_complete", req, choice.replica_id)
                 self._wake(table.pool)
             if isinstance(result, web.StreamResponse):
-                output = request.get(_OUTPUT)
+                output = ex.output_tokens
                 if output is not None:
                     registry.notify_output(policy, req, choice.replica_id, output)
                 self._refusals.succeeded(choice.replica_id)
@@ -555,7 +568,7 @@ class Proxy:
                     first_at = self._clock()
                     ttft = first_at - t0
                     self._metrics.ttft_for(table.pool).observe(ttft)
-                    self._metrics.class_ttft_for(table.pool, request.get(_CLASS, "unknown")).observe(ttft)
+                    self._metrics.class_ttft_for(table.pool, request[_EXCHANGE].cls).observe(ttft)
             transport = request.transport
             if transport is None or transport.is_closing():
                 raise ConnectionResetError("the client went away")
@@ -568,7 +581,7 @@ class Proxy:
                     self._metrics.upstream_errors.labels(choice.replica_id, "midstream").inc()
                     self._log_limited(f"upstream_stream_broken:{choice.replica_id}", "upstream_stream_broken",
                                       pool=table.pool, replica_id=choice.replica_id, error=exc.__class__.__name__)
-                    request[_STATUS] = "502"
+                    request[_EXCHANGE].status = "502"
                     if is_sse:
                         await out.write(_sse_error("the engine connection broke mid-stream"))
                         await out.write_eof()
@@ -586,11 +599,12 @@ class Proxy:
             if upstream.status == 200:
                 usage = _USAGE.search(sink.prev + sink.last)  # usage comes last: in the final piece or two
                 if usage is not None:
-                    output = request[_OUTPUT] = int(usage.group(1))
+                    ex = request[_EXCHANGE]
+                    output = ex.output_tokens = int(usage.group(1))
                     if first_at is not None and output > 1:
-                        request[_TPOT] = (self._clock() - first_at) / (output - 1)
+                        ex.tpot_s = (self._clock() - first_at) / (output - 1)
         except ConnectionResetError:  # the client went away while we wrote to it
-            request[_STATUS] = "499"
+            request[_EXCHANGE].status = "499"
             self._metrics.client_disconnects.inc()
             self._log_limited("client_disconnected", "client_disconnected", level="info", pool=table.pool,
                               replica_id=choice.replica_id)
