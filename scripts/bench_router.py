@@ -440,7 +440,10 @@ class Bench:
         out = _output([*_pin(a.load_core), sys.executable, __file__, "rate", "--targets", ",".join(targets),
                        "--rate", str(a.rate), "--duration", str(a.latency_duration), "--block-s", str(a.block_s)])
         wall = time.monotonic() - t0
-        data = json.loads(out)
+        try:
+            data = json.loads(out.strip().splitlines()[-1])  # the client's JSON is its last line
+        except (IndexError, json.JSONDecodeError) as exc:
+            raise SystemExit(f"cannot read the fixed-rate client's output ({exc}): {out[:300]!r}") from exc
 
         def stats(xs: list[float]) -> dict[str, Any]:
             return {"n": len(xs), "p50_ms": 1e3 * statistics.median(xs), "p90_ms": 1e3 * _percentile(xs, 0.9),
