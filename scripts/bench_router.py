@@ -212,7 +212,11 @@ def rate_main(args: argparse.Namespace) -> int:
         await session.close()
         return {"latency_s": lat, "failures": failures}
 
-    print(json.dumps(asyncio.run(run())), flush=True)
+    result = asyncio.run(run())
+    # Some run leaves stdout non-blocking (a pipe shared with the loop's children): a write past
+    # the pipe's 64 KiB then stops short and the parent reads truncated JSON.
+    os.set_blocking(sys.stdout.fileno(), True)
+    print(json.dumps(result), flush=True)
     return 0
 
 
