@@ -441,7 +441,9 @@ class TidegatePolicy:
             self._mean_prefill = prefill
         else:
             self._mean_prefill += EWMA_ALPHA * (prefill - self._mean_prefill)
-        own = self._own.setdefault(replica_id, _Own())
+        own = self._own.get(replica_id)
+        if own is None:  # (not setdefault: that would build an _Own on every dispatch)
+            own = self._own[replica_id] = _Own()
         own.queued += prefill
         own.waiting += 1
         self._inflight += 1
