@@ -538,9 +538,7 @@ class Proxy:
                 return _Failure("timeout", False, 504, _FIRST_BYTE_TIMEOUT)
             except (EngineError, ConnectionError) as exc:
                 return _Failure("reset", True, 502, f"connection to replica failed: {exc.__class__.__name__}")
-            if first_token is not None:  # the engine's first body chunk: its prefill is done
-                first_token()
-            result = await self._stream(request, upstream, first, table, choice, features, t0)
+            result = await self._stream(request, upstream, first, table, choice, features, t0, first_token)
             done = True
             return result
         finally:
@@ -552,7 +550,9 @@ class Proxy:
 
     async def _stream(self, request: web.Request, upstream: EngineResponse, first: bytes,
                       table: PoolTable, choice: registry.Pick, features: RequestFeatures,
-                      t0: float) -> web.StreamResponse:
+                      t0: float, first_token: Callable[[], None] | None = None) -> web.StreamResponse:
+        """`first_token`: called once the engine's first piece (its prefill is done) is on its way
+        to the client, not before: its bookkeeping is off the first token's path."""
         out = _Relayed(status=upstream.status, reason=upstream.reason,
                        headers=forward_response_headers(upstream.raw_headers))
         out.headers[REPLICA_HEADER] = choice.replica_id
@@ -569,6 +569,8 @@ class Proxy:
                     ttft = first_at - t0
                     self._metrics.ttft_for(table.pool).observe(ttft)
                     self._metrics.class_ttft_for(table.pool, request[_EXCHANGE].cls).observe(ttft)
+            if first_token is not None:
+                first_token()
             transport = request.transport
             if transport is None or transport.is_closing():
                 raise ConnectionResetError("the client went away")
