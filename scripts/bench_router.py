@@ -447,7 +447,9 @@ class Bench:
         try:
             data = json.loads(out.strip().splitlines()[-1])  # the client's JSON is its last line
         except (IndexError, json.JSONDecodeError) as exc:
-            raise SystemExit(f"cannot read the fixed-rate client's output ({exc}): {out[:300]!r}") from exc
+            at = getattr(exc, "pos", 0)
+            raise SystemExit(f"cannot read the fixed-rate client's output ({exc}; {len(out)} characters, "
+                             f"{out.count(chr(10))} lines): {out[max(0, at - 150):at + 150]!r}") from exc
 
         def stats(xs: list[float]) -> dict[str, Any]:
             return {"n": len(xs), "p50_ms": 1e3 * statistics.median(xs), "p90_ms": 1e3 * _percentile(xs, 0.9),
