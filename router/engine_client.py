@@ -377,12 +377,9 @@ class EngineClient:
         return ep
 
     async def post(self, base_url: str, path_qs: str, headers: Iterable[tuple[str, str]],
-                   body: bytes, before_wait: Callable[[], None] | None = None) -> EngineResponse:
+                   body: bytes) -> EngineResponse:
         """Sends `body` to `base_url` + `path_qs` and waits for the answer's status and headers.
-        `headers` go as given (Host and Content-Length are set here). `before_wait` is called once,
-        before this first lets the loop run anything else: after the request is written when a
-        pooled connection takes it at once (the caller's bookkeeping off the request's path),
-        before connecting otherwise."""
+        `headers` go as given (Host and Content-Length are set here)."""
         if self._closing:
             raise ConnectFailed("the engine client is closed")
         ep = self._endpoint(base_url)
@@ -390,12 +387,7 @@ class EngineClient:
         request = b"".join((b"POST ", ep.path, path_qs.encode("utf-8", "surrogateescape"), b" HTTP/1.1\r\nHost: ",
                             ep.host_header, b"\r\nContent-Length: ", str(len(body)).encode(), b"\r\n",
                             lines.encode("utf-8", "surrogateescape"), b"\r\n"))
-        conn = self._pooled(ep)
-        if conn is None:
-            if before_wait is not None:
-                before_wait()
-                before_wait = None
-            conn = await self._acquire(ep)
+        conn = await self._acquire(ep)
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -406,8 +398,6 @@ class EngineClient:
                 conn.transport.write(request + body)
             else:
                 conn.transport.writelines((request, body))
-            if before_wait is not None:
-                before_wait()
             while not response.status:
                 if response._error is not None:
                     raise response._error
@@ -417,20 +407,12 @@ class EngineClient:
             raise
         return response
 
-    @staticmethod
-    def _pooled(ep: _Endpoint) -> _Connection | None:
-        """The endpoint's most recently used idle connection that is still open, if any."""
+    async def _acquire(self, ep: _Endpoint) -> _Connection:
         idle = ep.idle
         while idle:
             conn = idle.pop()
             if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
                 return conn
-        return None
-
-    async def _acquire(self, ep: _Endpoint) -> _Connection:
-        conn = self._pooled(ep)
-        if conn is not None:
-            return conn
         while self._open >= self._limit:
             if not self._close_oldest_idle():
                 waiter = asyncio.get_running_loop().create_future()

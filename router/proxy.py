@@ -245,21 +245,6 @@ class _ClientSink:
         return transport.get_write_buffer_size() <= self._high
 
 
-class _Once:
-    """Calls `fn` the first time it is called, then nothing."""
-
-    __slots__ = ("_fn",)
-
-    def __init__(self, fn: Callable[[], None]) -> None:
-        self._fn: Callable[[], None] | None = fn
-
-    def __call__(self) -> None:
-        fn = self._fn
-        if fn is not None:
-            self._fn = None
-            fn()
-
-
 def _sse_error(message: str) -> bytes:
     err = error_body(message, "upstream_error", None, "upstream_stream_broken")
     return b"data: " + json.dumps(err).encode() + b"\n\n"
@@ -468,12 +453,11 @@ class Proxy:
                 self._metrics.retries.labels(table.pool, failure.kind).inc()
             tried.append(choice.replica_id)
             self._inflight.acquire(choice.replica_id)
+            registry.notify(policy, "on_dispatch", req, choice.replica_id)
+            if on_sent is not None:
+                on_sent()
             try:
-                # on_dispatch runs before the loop runs anything else (no other pick can miss it),
-                # after the request is written when a pooled connection takes it (engine_client).
                 result = await self._attempt(request, body, table, choice, features, t0,
-                                             dispatched=_Once(functools.partial(self._dispatched, policy, req,
-                                                                                choice.replica_id, on_sent)),
                                              first_token=functools.partial(self._first_token, policy, req,
                                                                            choice.replica_id, table.pool,
                                                                            ex.hold))
@@ -513,13 +497,6 @@ class Proxy:
             return json_error(504, failure.message, "upstream_timeout", code="first_byte_timeout")
         return json_error(502, failure.message, "upstream_error", code=f"upstream_{failure.kind}")
 
-    @staticmethod
-    def _dispatched(policy: registry.Policy, req: registry.RequestFeatures, replica_id: str,
-                    on_sent: Callable[[], None] | None) -> None:
-        registry.notify(policy, "on_dispatch", req, replica_id)
-        if on_sent is not None:
-            on_sent()
-
     def _first_token(self, policy: registry.Policy, req: registry.RequestFeatures, replica_id: str,
                      pool: str, hold: Hold | None = None) -> None:
         if hold is not None:  # its prompt is prefilled: out of the budget's prefill tokens
@@ -529,10 +506,7 @@ class Proxy:
 
     async def _attempt(self, request: web.Request, body: bytes, table: PoolTable, choice: registry.Pick,
                        features: RequestFeatures, t0: float,
-                       first_token: Callable[[], None] | None = None,
-                       dispatched: _Once | None = None) -> web.StreamResponse | _Failure:
-        """One attempt. `dispatched` is called once whatever happens: by EngineClient.post before it
-        first waits (`before_wait`), else here on the way out (the attempt failed before that)."""
+                       first_token: Callable[[], None] | None = None) -> web.StreamResponse | _Failure:
         headers = forward_request_headers(request.headers)
         engine_auth = self._settings.engine_credentials.authorization(table.pool)
         if engine_auth is not None:
@@ -544,8 +518,7 @@ class Proxy:
             deadline = _Deadline(self._deadline_clock(), self._settings.first_byte_timeout_s)
             try:
                 try:
-                    upstream = await self._session.post(choice.endpoint, request.rel_url.path_qs, headers, body,
-                                                        dispatched)
+                    upstream = await self._session.post(choice.endpoint, request.rel_url.path_qs, headers, body)
                     self._metrics.upstream_latency_for(table.pool).observe(self._clock() - sent)
                     if upstream.status >= 500:
                         data = await upstream.read()
@@ -569,8 +542,6 @@ class Proxy:
             done = True
             return result
         finally:
-            if dispatched is not None:
-                dispatched()
             if upstream is not None:
                 if done and upstream.at_eof():
                     upstream.release()

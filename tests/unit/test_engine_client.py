@@ -421,27 +421,3 @@ async def test_relay_raises_when_the_engine_breaks_mid_body():
         assert b"".join(got) == b"abc"
         r.release()
         await wait_for(lambda: c.open_connections == 0)
-
-
-async def test_before_wait_runs_once_before_the_first_wait_on_both_paths():
-    calls: list[tuple[int, int]] = []  # (requests the engine had seen, idle connections) at each call
-    async with ScriptedEngine(plain(b"{}")) as engine, client() as c:
-        def note() -> None:
-            calls.append((len(engine.requests), c.idle_connections()))
-
-        r = await c.post(engine.url, "/x", [], b"", before_wait=note)  # a new connection: before connecting
-        await r.read()
-        r.release()
-        assert calls == [(0, 0)] and c.idle_connections() == 1
-        r = await c.post(engine.url, "/x", [], b"", before_wait=note)  # pooled: once the request is written
-        await r.read()
-        r.release()
-        assert calls == [(0, 0), (1, 0)] and engine.connections == 1
-
-
-async def test_before_wait_runs_before_a_connect_fails():
-    calls = []
-    async with client() as c:
-        with pytest.raises(ConnectFailed):
-            await c.post("http://127.0.0.1:1", "/x", [], b"", before_wait=lambda: calls.append(1))
-        assert calls == [1]
