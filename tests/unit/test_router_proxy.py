@@ -419,14 +419,18 @@ class FakeHookPolicy:
 
 
 @pytest.mark.parametrize("stream", [True, False])
-async def test_router_feeds_every_policy_hook(engines, monkeypatch, refused_port, stream):
+@pytest.mark.parametrize("broken", ["refused", "invalid_url"])
+async def test_router_feeds_every_policy_hook(engines, monkeypatch, refused_port, stream, broken):
     from tidegate.policy import registry
 
     fake = FakeHookPolicy()
     monkeypatch.setattr(registry, "create", lambda name: fake)
     tables = RoutingTables()
-    # "a" refuses connections: dispatch + complete without a first token, then "b" serves it.
-    set_table(tables, "m", [("a", f"http://127.0.0.1:{refused_port()}", 1.0), ("b", engines[0].url, 1.0)])
+    # "a" cannot be reached (it refuses connections, or its endpoint is no URL the router can use:
+    # the engine client fails before it sends anything): dispatch + complete without a first
+    # token, then "b" serves it.
+    a = f"http://127.0.0.1:{refused_port()}" if broken == "refused" else "ftp://nowhere"
+    set_table(tables, "m", [("a", a, 1.0), ("b", engines[0].url, 1.0)])
     async with Router(tables) as client:
         r = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
         assert r.status == 200
