@@ -106,7 +106,7 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         response = self.response
         if response is not None and not response.complete:
-            if response.until_close and response.status:
+            if response.until_close and response.status and exc is None:
                 response._complete()  # an answer without a length ends where the connection does
             else:
                 response._fail(ConnectionBroken("the engine closed the connection"

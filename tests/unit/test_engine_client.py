@@ -421,3 +421,23 @@ async def test_relay_raises_when_the_engine_breaks_mid_body():
         assert b"".join(got) == b"abc"
         r.release()
         await wait_for(lambda: c.open_connections == 0)
+
+
+async def test_body_until_close_cut_by_a_reset_is_broken_not_complete():
+    import socket
+    import struct
+
+    async def answer(_: bytes, __: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\npart")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+        writer.transport.abort()
+        return False
+
+    async with ScriptedEngine(answer) as engine, client() as c:
+        r = await c.post(engine.url, "/x", [], b"")
+        assert r.until_close and await r.readany() == b"part"
+        with pytest.raises(ConnectionBroken):
+            await r.readany()
