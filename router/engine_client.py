@@ -345,7 +345,7 @@ class EngineClient:
     """Keep-alive HTTP/1.1 connections to engines, shared by every request of a router."""
 
     def __init__(self, connect_timeout_s: float, limit: int = 10_000, keepalive_s: float = 30.0,
-                 clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         self._connect_timeout_s = connect_timeout_s
