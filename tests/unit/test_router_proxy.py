@@ -276,6 +276,20 @@ async def test_large_answer_relayed_intact(sse):
         assert r.status == 200 and len(await r.read()) == 65536 * 64
 
 
+async def test_http10_client_gets_a_streamed_answer_unframed_until_close():
+    async with big_engine_router(8, True) as (engine, client):
+        body = json.dumps({**CHAT, "stream": True}).encode()
+        reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        raw = await asyncio.wait_for(reader.read(), 10)  # HTTP/1.0 without a length: until close
+        writer.close()
+        head, _, got = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.") and b" 200 " in head.split(b"\r\n")[0]
+        assert b"transfer-encoding" not in head.lower()  # no chunking for an HTTP/1.0 client
+        assert got == engine.body()
+
+
 async def test_slow_client_slows_its_engine_instead_of_filling_the_router():
     # 32 MiB: more than the loopback buffers of both hops hold
     async with big_engine_router(512, True) as (engine, client):
