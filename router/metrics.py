@@ -85,47 +85,50 @@ class _HistogramChild:
         self.sum += value
 
 
-class HotCounter(Collector):
-    """A labelled counter for the proxy's per-request path: its children are plain floats that
-    the event loop's thread alone writes, read at scrape time. prometheus_client's own take a
-    lock on every inc (a few per request). Exposed as prometheus_client exposes a counter
-    (`NAME_total`), without the `_created` series."""
+class _Hot(Collector):
+    """A labelled metric for the proxy's per-request path: its children are plain numbers that
+    the event loop's thread alone writes, read at scrape time (prometheus_client's own take a
+    lock on every inc or observe, a few per request). `labels()` caches each child, so its bound
+    method is what the proxy calls per request. Exposed as prometheus_client exposes the same
+    metric, without the `_created` series; children in order of first use, as it does."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
         self._name, self._doc, self._labelnames = name, documentation, list(labelnames)
-        self._children: dict[tuple[str, ...], _CounterChild] = {}
+        self._children: dict[tuple[str, ...], Any] = {}
 
-    def labels(self, *values: str) -> _CounterChild:
+    def _child(self) -> Any:
+        raise NotImplementedError
+
+    def labels(self, *values: str) -> Any:
         child = self._children.get(values)
         if child is None:
-            child = self._children[values] = _CounterChild()
+            child = self._children[values] = self._child()
         return child
+
+
+class HotCounter(_Hot):
+    def _child(self) -> _CounterChild:
+        return _CounterChild()
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(self._name, self._doc, labels=self._labelnames)
-        for values, child in self._children.items():  # in order of first use, as prometheus_client
+        for values, child in self._children.items():
             family.add_metric(list(values), child.value)
         yield family
 
 
-class HotHistogram(Collector):
-    """A labelled histogram for the per-request path, as HotCounter is a counter."""
-
+class HotHistogram(_Hot):
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
-        self._name, self._doc, self._labelnames = name, documentation, list(labelnames)
+        super().__init__(name, documentation, labelnames)
         self._bounds = tuple(float(b) for b in buckets)
         self._les = [floatToGoString(b) for b in self._bounds] + ["+Inf"]
-        self._children: dict[tuple[str, ...], _HistogramChild] = {}
 
-    def labels(self, *values: str) -> _HistogramChild:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = _HistogramChild(self._bounds)
-        return child
+    def _child(self) -> _HistogramChild:
+        return _HistogramChild(self._bounds)
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
-        for values, child in self._children.items():  # in order of first use, as prometheus_client
+        for values, child in self._children.items():
             cumulative, buckets = 0, []
             for le, n in zip(self._les, child.counts, strict=True):
                 cumulative += n
@@ -206,10 +209,10 @@ class RouterMetrics:
                                         "Router-load records this router wrote to etcd for its peers.", registry=r)
         r.register(_StateCollector(tables, inflight, wall))
         # the per-request series, pre-bound (Children)
-        self.requests_for = Children(self.requests)
-        self.class_requests_for = Children(self.class_requests)
-        self.duration_for = Children(self.duration)
-        self.upstream_latency_for = Children(self.upstream_latency)
-        self.ttft_for = Children(self.ttft)
-        self.class_ttft_for = Children(self.class_ttft)
+        self.requests_for = self.requests.labels     # the hot metrics cache their children themselves
+        self.class_requests_for = self.class_requests.labels
+        self.duration_for = self.duration.labels
+        self.upstream_latency_for = self.upstream_latency.labels
+        self.ttft_for = self.ttft.labels
+        self.class_ttft_for = self.class_ttft.labels
         self.tpot_plan_margin_for = Children(self.tpot_plan_margin)

@@ -191,25 +191,21 @@ def json_error(status: int, message: str, type_: str, param: str | None = None, 
                         content_type="application/json", headers=headers)
 
 
-def _dropped(headers: Iterable[tuple[str, str]], always: frozenset[str]) -> frozenset[str]:
-    """`always` and the headers the Connection header names (hop-by-hop too)."""
-    values = [v for k, v in headers if k.lower() == "connection"]
-    if not values:
-        return always
-    return always.union(t.strip().lower() for value in values for t in value.split(","))
+def _dropped(connection_values: Iterable[str], always: frozenset[str]) -> frozenset[str]:
+    """`always` and the headers the Connection header's values name (hop-by-hop too)."""
+    named = [t.strip().lower() for value in connection_values for t in value.split(",")]
+    return always.union(named) if named else always
 
 
 def forward_request_headers(headers: Any) -> list[tuple[str, str]]:
     """A client's request headers (a multidict) as they go to the engine."""
-    named = headers.getall("Connection", None)
-    drop = _DROP_REQUEST if named is None else _DROP_REQUEST.union(
-        t.strip().lower() for value in named for t in value.split(","))
+    drop = _dropped(headers.getall("Connection", ()), _DROP_REQUEST)
     return [(k, v) for k, v in headers.items() if k.lower() not in drop]
 
 
 def forward_response_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """An engine's answer headers as they go to the client."""
-    drop = _dropped(headers, _DROP_RESPONSE)
+    drop = _dropped([v for k, v in headers if k.lower() == "connection"], _DROP_RESPONSE)
     return [(k, v) for k, v in headers if k.lower() not in drop]
 
 
