@@ -358,6 +358,8 @@ class Simulation:
         self.inflight: dict[str, int] = {rid: 0 for rid in ids}   # all routers together
         self.records: dict[str, RequestRecord] = {}
         self._features: dict[str, RequestFeatures] = {}
+        # Admitted requests' predicted TTFT at dispatch, until their first token (the TTFT margin).
+        self._predicted_ttft: dict[str, float] = {}
         self._counts = {r.replica_id: 0 for r in self.replicas}
         self._by_id = {r.replica_id: (r, a) for r, a in zip(self.replicas, self.agents, strict=True)}
         self.deliveries: list[TableDelivery] = []
@@ -458,6 +460,10 @@ class Simulation:
                 if t_s - rec.req.arrival_s > self.cfg.stop_slo[0]:
                     self._misses += 1
                 self._by_id[rep.replica_id][1].observe_ttft(engine_t - engine_arrival)
+                predicted = self._predicted_ttft.pop(req_id, None)
+                queue = self.routers[rec.router].queue
+                if predicted is not None and queue is not None and rec.dispatch_s is not None:
+                    queue.observe_ttft(predicted, t_s - rec.dispatch_s)
                 hold = self._holds.get(req_id)
                 if hold is not None:  # its prompt is prefilled: out of the budget's prefill tokens
                     hold.first_token()
@@ -466,6 +472,7 @@ class Simulation:
             if rec.finish_s is not None:
                 return
             rec.finish_s = t_s
+            self._predicted_ttft.pop(req_id, None)
             if rec.first_token_s is None:
                 rec.first_token_s = t_s
                 if t_s - rec.req.arrival_s > self.cfg.stop_slo[0]:
@@ -550,6 +557,8 @@ class Simulation:
     def _dispatch_held(self, router: SimRouter, rec: RequestRecord, d: adm.Decision) -> None:
         closed = frozenset(e.replica_id for e in router.view if e.replica_id not in d.open)
         self._send(router, rec, self._features.pop(rec.req.req_id), closed)
+        if rec.dispatch_s is not None:
+            self._predicted_ttft[rec.req.req_id] = d.ttft_s
 
     def _pump(self, k: int) -> None:
         router = self.routers[k]

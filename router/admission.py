@@ -62,6 +62,10 @@ class AdmissionMetrics:
                               "Time held in the router's queue, by class and outcome "
                               "(dispatched, rejected, disconnected).", ["model", "priority", "outcome"],
                               buckets=_WAIT_BUCKETS, registry=registry)
+        self.ttft_margin = Gauge("tidegate_router_admission_ttft_margin_seconds",
+                                 "What admission adds to every predicted TTFT before testing a deadline: the "
+                                 "error of this router's latest predictions at a quantile (0 until measured).",
+                                 ["model"], registry=registry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,7 @@ class Admitted:
     closed: frozenset[str]          # replicas the pick must not choose (over their prefill budget)
     held: bool = False              # it was held: call Gate.sent once it is sent (or abandoned)
     hold: Hold | None = None        # its part of this router's budget share: release() when it ends
+    ttft_s: float | None = None     # the TTFT its dispatch counted on (Gate.observe_ttft); None: no prediction
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +228,18 @@ class Gate:
     def _admitted(snap: PoolSnapshot, d: adm.Decision, budget: RouterBudget | None, tokens: Tokens,
                   held: bool = False) -> Admitted:
         return Admitted(frozenset(e.replica_id for e in snap.entries if e.replica_id not in d.open), held,
-                        budget.acquire_tokens(tokens) if budget is not None else None)
+                        budget.acquire_tokens(tokens) if budget is not None else None, d.ttft_s)
+
+    def observe_ttft(self, pool: str, predicted_s: float, realized_s: float) -> None:
+        """An admitted request's first token came `realized_s` after it was sent, where its dispatch
+        counted on `predicted_s` (Admitted.ttft_s): the pool's TTFT margin learns from it."""
+        p = self._pools.get(pool)
+        if p is None:
+            return
+        before = p.queue.ttft_margin
+        p.queue.observe_ttft(predicted_s, realized_s)
+        if p.queue.ttft_margin != before:
+            self._metrics.ttft_margin.labels(pool).set(p.queue.ttft_margin)
 
     def _left(self, p: _Pool, w: _Waiter, outcome: str) -> None:
         if w.budget is not None:

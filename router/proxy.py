@@ -73,7 +73,7 @@ class _Exchange:
     attributes with defaults instead of optional keys in the request's mapping, whose misses
     raise and catch a KeyError each (a few per request on the hot path)."""
 
-    __slots__ = ("pool", "status", "cls", "hold", "output_tokens", "tpot_s")
+    __slots__ = ("pool", "status", "cls", "hold", "output_tokens", "tpot_s", "predicted_ttft_s", "sent_s")
 
     def __init__(self) -> None:
         self.pool: str | None = None        # the pool, once the model is known to be one
@@ -89,6 +89,10 @@ class _Exchange:
         # Seconds per output token after the first, of a streamed answer with its usage (the
         # policy's TPOT plan learns from it under admission: registry.notify_tpot).
         self.tpot_s: float | None = None
+        # Under admission: the TTFT its dispatch counted on, and when its last attempt was sent
+        # (a streamed answer's first token teaches the gate its TTFT margin: Gate.observe_ttft).
+        self.predicted_ttft_s: float | None = None
+        self.sent_s = 0.0
 
 
 @dataclass(frozen=True)
@@ -397,8 +401,10 @@ class Proxy:
                                    budget)
         if isinstance(outcome, Rejected):
             return rejection_response(pool, outcome)
+        ex = request[_EXCHANGE]
         if outcome.hold is not None:
-            request[_EXCHANGE].hold = outcome.hold
+            ex.hold = outcome.hold
+        ex.predicted_ttft_s = outcome.ttft_s
         sent = [not outcome.held]
 
         def on_sent() -> None:  # exactly once per held request: the queue hands out the next one
@@ -507,7 +513,7 @@ class Proxy:
         engine_auth = self._settings.engine_credentials.authorization(table.pool)
         if engine_auth is not None:
             headers.append(("Authorization", engine_auth))
-        sent = self._clock()
+        sent = request[_EXCHANGE].sent_s = self._clock()
         upstream: EngineResponse | None = None
         done = False
         try:
@@ -567,6 +573,10 @@ class Proxy:
                     self._metrics.class_ttft_for(table.pool, request[_EXCHANGE].cls).observe(ttft)
             if first_token is not None:
                 first_token()
+            if first_at is not None:
+                ex = request[_EXCHANGE]
+                if ex.predicted_ttft_s is not None and self.gate is not None:
+                    self.gate.observe_ttft(table.pool, ex.predicted_ttft_s, first_at - ex.sent_s)
             transport = request.transport
             if transport is None or transport.is_closing():
                 raise ConnectionResetError("the client went away")

@@ -149,8 +149,12 @@ class AdmissionFields(BaseModel):
                                                      "rejected for its deadline after it, so every 429 but a "
                                                      "max-wait timeout comes within this of arrival (costs "
                                                      "goodput under overload: docs/OPERATIONS.md).")
+    admission_ttft_margin: str = Field("0.95", description="Admission: every deadline test adds the error of "
+                                                           "this router's latest TTFT predictions at this quantile "
+                                                           "(a number in (0, 1)), so requests it would serve late "
+                                                           "are rejected instead; 'off': none.")
 
-    @field_validator("admission_queue", "admission_max_wait", "admission_decide")
+    @field_validator("admission_queue", "admission_max_wait", "admission_decide", "admission_ttft_margin")
     @classmethod
     def _admission_values(cls, v: str, info: Any) -> str:
         return check_flag(info.field_name, v)
@@ -160,7 +164,7 @@ class AdmissionFields(BaseModel):
         if not self.admission:
             return None
         return config_from_text(self.admission_queue, self.admission_max_wait, self.tpot_guard,
-                                self.admission_decide)
+                                self.admission_decide, self.admission_ttft_margin)
 
 
 # ---------------------------------------------------------------- argparse glue

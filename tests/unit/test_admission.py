@@ -383,10 +383,13 @@ def _run(steps: list, queue_len: int, wait: float, decide: float | None = None) 
             dispatched: list[str] = []
 
             def on_dispatch(h, d, dispatched=dispatched, room=room, now=now) -> None:  # noqa: ANN001
+                late = decide is not None and now - h.arrival_s >= decide and now > h.deadline_s - h.ttft_s
                 # within the budget share, unless committed and late (it goes over the share)
-                assert room or (decide is not None and now - h.arrival_s >= decide and now > h.deadline_s - h.ttft_s)
-                # class order: nothing of a higher class is still held when a lower one goes
-                assert all(adm.class_rank(o.cls) >= adm.class_rank(h.cls) for o in q.held())
+                assert room or late
+                # class order: nothing of a higher class is still held when a lower one goes, unless
+                # it is committed and late: it goes as soon as a replica is open for it, over the
+                # share, where a held higher class may wait for room in the share
+                assert late or all(adm.class_rank(o.cls) >= adm.class_rank(h.cls) for o in q.held())
                 dispatched.append(h.key)
 
             def on_reject(h, d, now=now) -> None:  # noqa: ANN001
@@ -529,3 +532,80 @@ def test_a_margin_larger_than_the_deadline_does_not_outlive_the_class_max_wait(l
     assert q.arrive("crit", "critical", now, now + 2.0, place(0.1, frozenset(), tokens=1000)).action == HOLD
     d = q.arrive("new", "standard", now, now + 2.0, place(0.1, frozenset(), tokens=1000))
     assert d.action == action
+
+
+# ---------------------------------------------------------------- the TTFT margin
+
+def margin_queue(errors: list[float], quantile: float | None = 0.95) -> AdmissionQueue:
+    q = AdmissionQueue(AdmissionConfig(cfg().limits, ttft_quantile=quantile))
+    for e in errors:
+        q.observe_ttft(0.5, 0.5 + e)
+    return q
+
+
+@pytest.mark.parametrize(("case", "errors", "quantile", "margin"), [
+    ("too few first tokens yet: no margin", [0.3] * (adm.TTFT_MIN_SAMPLES - 1), 0.95, 0.0),
+    ("every prediction 0.3 s short", [0.3] * adm.TTFT_MIN_SAMPLES, 0.95, 0.3),
+    ("predictions too pessimistic: never below 0", [-0.2] * 64, 0.95, 0.0),
+    ("off", [0.3] * 64, None, 0.0),
+    ("the quantile of the latest window", [0.0] * 58 + [1.0] * 6, 0.95, 1.0),
+    ("a lower quantile passes over the tail", [0.0] * 58 + [1.0] * 6, 0.9, 0.0),
+    ("only the latest TTFT_SAMPLES count", [5.0] * 64 + [0.1] * adm.TTFT_SAMPLES, 0.95, 0.1),
+])
+def test_ttft_margin(case: str, errors: list[float], quantile: float | None, margin: float) -> None:
+    assert margin_queue(errors, quantile).ttft_margin == pytest.approx(margin), case
+
+
+def test_ttft_margin_ignores_what_is_not_a_measurement() -> None:
+    q = margin_queue([0.2] * 64)
+    for predicted, realized in ((float("inf"), 1.0), (0.5, float("nan")), (0.5, -1.0)):
+        q.observe_ttft(predicted, realized)
+    assert q.ttft_margin == pytest.approx(0.2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-0.5, 3.0), min_size=adm.TTFT_MIN_SAMPLES, max_size=300),
+       st.sampled_from([0.5, 0.9, 0.95, 0.99]))
+def test_ttft_margin_is_the_error_quantile_it_last_refreshed(errors: list[float], quantile: float) -> None:
+    q = margin_queue(errors, quantile)
+    refreshed = len(errors) - len(errors) % adm.TTFT_EVERY  # refreshed every TTFT_EVERY observations
+    seen = sorted((0.5 + e) - 0.5 for e in errors[:refreshed])
+    assert q.ttft_margin == pytest.approx(max(0.0, seen[int(quantile * (len(seen) - 1))]), abs=1e-9)
+    assert q.ttft_margin >= 0.0
+
+
+@pytest.mark.parametrize(("case", "ttft", "action", "reason"), [
+    ("fits with the margin: dispatch", 1.4, DISPATCH, ""),
+    ("fits alone, not with the margin: rejected, not served late", 1.6, REJECT, DEADLINE_UNMEETABLE),
+])
+def test_arrival_tests_its_deadline_with_the_margin(case: str, ttft: float, action: str, reason: str) -> None:
+    q = margin_queue([0.5] * 64)
+    assert q.ttft_margin == pytest.approx(0.5)
+    d = q.arrive("new", "standard", 0.0, 2.0, place(ttft))
+    assert (d.action, d.reason) == (action, reason), case
+    if action == DISPATCH:
+        assert d.ttft_s == ttft  # what the router reports back with the first token
+
+
+def test_held_request_goes_only_while_it_fits_with_the_margin() -> None:
+    q = margin_queue([0.5] * 64)
+    held(q, "standard", "h")  # deadline 2.0
+    # 1.2 s later: 0.8 s left; a TTFT of 0.4 fits alone but not with the 0.5 s margin.
+    h, d = q.try_held(next(iter(q.held())), 1.2, place(0.4))
+    assert (d.action, d.reason) == (REJECT, DEADLINE_UNMEETABLE)
+    q2 = margin_queue([0.5] * 64)
+    held(q2, "standard", "h")
+    h, d = q2.try_held(next(iter(q2.held())), 1.0, place(0.4))  # 1.0 s left: fits with it
+    assert d.action == DISPATCH and d.ttft_s == 0.4
+
+
+def test_sweep_rejects_a_held_request_the_margin_makes_late() -> None:
+    # Swept 0.1 s after arrival: 1.9 s left; its own prefill's wait (~0.2 s at the drain measured
+    # so far) and its 0.1 s TTFT fit, and still do with a 1.5 s margin, not with 1.7 s.
+    for margin, kept in ((0.0, True), (1.5, True), (1.7, False)):
+        q = margin_queue([margin] * 64)
+        held(q, "standard", "h")  # predicted TTFT 0.1, deadline 2.0
+        out = q.sweep(0.1)
+        assert ("h" in q) is kept and len(out) == (0 if kept else 1), margin
+        if not kept:
+            assert out[0][1].reason == DEADLINE_UNMEETABLE

@@ -110,6 +110,9 @@ SERVICE_PRIOR_S = 0.1
 # Waits measured per class for the committing margin (AdmissionConfig.decide_s): the latest few
 # hundred, a second or two of an overloaded router's holds; the quantile is taken every 16th.
 WAIT_SAMPLES, WAIT_EVERY = 256, 16
+# TTFT errors kept for the TTFT margin (as the TPOT plan margin keeps its TPOT errors: about a
+# thousand requests, refreshed every 16th), and how many it needs before it applies.
+TTFT_SAMPLES, TTFT_EVERY, TTFT_MIN_SAMPLES = 1024, 16, 32
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,11 @@ class AdmissionConfig:
     # `wait_quantile`, still fits its deadline (late ones cost the capacity that on-time ones need).
     decide_s: float | None = None
     wait_quantile: float = 0.9
+    # The TTFT margin: every deadline test adds the error of the router's latest predictions
+    # (realized TTFT after dispatch minus the TTFT the dispatch counted on) at this quantile, so
+    # that a request sent with less slack than the predictions' usual error is rejected instead
+    # of served late (None: no margin). See AdmissionQueue.observe_ttft.
+    ttft_quantile: float | None = 0.95
 
     def __post_init__(self) -> None:
         if set(self.limits) != set(CLASSES):
@@ -151,6 +159,8 @@ class AdmissionConfig:
             raise ValueError("admission: decide_s must be finite and >= 0 (or None: no limit)")
         if not 0 < self.wait_quantile < 1:
             raise ValueError("admission: wait_quantile must be in (0, 1)")
+        if self.ttft_quantile is not None and not 0 < self.ttft_quantile < 1:
+            raise ValueError("admission: ttft_quantile must be in (0, 1) (or None: no margin)")
 
 
 def parse_class_values(text: str, what: str, unit: str = "") -> dict[str, float]:
@@ -187,12 +197,14 @@ def parse_class_values(text: str, what: str, unit: str = "") -> dict[str, float]
 
 
 def check_flag(field_name: str, value: str) -> str:
-    """A config validator for the `admission_queue` / `admission_max_wait` / `admission_decide`
-    flags (ValueError if bad)."""
+    """A config validator for the `admission_queue` / `admission_max_wait` / `admission_decide` /
+    `admission_ttft_margin` flags (ValueError if bad)."""
     if field_name.endswith("queue"):
         config_from_text(value, "30s")
     elif field_name.endswith("decide"):
         parse_decide(value)
+    elif field_name.endswith("ttft_margin"):
+        parse_quantile(value)
     else:
         config_from_text("1024", value)
     return value
@@ -207,14 +219,30 @@ def parse_decide(text: str) -> float | None:
     return parse_class_values(text, "admission decide time", unit="s")[CRITICAL]
 
 
-def config_from_text(queue: str, wait: str, tpot_guard: bool = True, decide: str = "off") -> AdmissionConfig:
+def parse_quantile(text: str) -> float | None:
+    """'0.95' or 'off' (None) -> AdmissionConfig.ttft_quantile."""
+    t = text.strip().lower()
+    if t in ("off", "none"):
+        return None
+    try:
+        q = float(t)
+    except ValueError:
+        raise ValueError(f"admission TTFT margin: {text.strip()!r} is not a quantile in (0, 1) or 'off'") from None
+    if not 0 < q < 1:
+        raise ValueError(f"admission TTFT margin: {text.strip()!r} is not a quantile in (0, 1) or 'off'")
+    return q
+
+
+def config_from_text(queue: str, wait: str, tpot_guard: bool = True, decide: str = "off",
+                     ttft_margin: str = "0.95") -> AdmissionConfig:
     """From the router's / simulator's flags (see parse_class_values); unnamed classes keep the defaults."""
     base = AdmissionConfig().limits
     lengths = parse_class_values(queue, "admission queue length")
     waits = parse_class_values(wait, "admission max wait", unit="s")
     limits = {c: ClassLimits(int(lengths.get(c, base[c].max_queue)), waits.get(c, base[c].max_wait_s))
               for c in CLASSES}
-    return AdmissionConfig(limits=limits, tpot_guard=tpot_guard, decide_s=parse_decide(decide))
+    return AdmissionConfig(limits=limits, tpot_guard=tpot_guard, decide_s=parse_decide(decide),
+                           ttft_quantile=parse_quantile(ttft_margin))
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +297,7 @@ class Decision:
     reason: str = ""                # for reject: one of REASONS
     retry_after_s: int = 0          # for reject: the Retry-After header, whole seconds
     open: frozenset[str] = frozenset()  # for dispatch: replicas the pick may choose from
+    ttft_s: float = 0.0             # for dispatch: the TTFT it counted on (observe_ttft's prediction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +355,11 @@ class AdmissionQueue:
         self._margin: dict[str, float] = dict.fromkeys(CLASSES, 0.0)
         self._measured: dict[str, int] = dict.fromkeys(CLASSES, 0)
         self._measured_at: dict[str, float] = dict.fromkeys(CLASSES, -math.inf)
+        # The TTFT margin (AdmissionConfig.ttft_quantile): the latest dispatches' realized minus
+        # predicted TTFTs, and their value at the quantile, refreshed every TTFT_EVERY.
+        self._ttft_errors: deque[float] = deque(maxlen=TTFT_SAMPLES)
+        self._ttft_since = 0
+        self.ttft_margin = 0.0
         # Per peer router: the prefill tokens it holds per class, from its latest report.
         self._peer_held: dict[str, dict[str, float]] = {}
         # Per peer router holding critical requests: its critical head's last start, in our clock.
@@ -361,7 +395,7 @@ class AdmissionQueue:
         """What this router tells its peers about its queue (see "Class order across routers")."""
         crit = self._q[CRITICAL]
         return HeldReport({c: self._tokens[c] for c in CLASSES if self._q[c] and self._tokens[c] > 0},
-                          crit[0].deadline_s - crit[0].ttft_s - now if crit else None)
+                          self._last_start(crit[0]) - now if crit else None)
 
     def on_peer_held(self, peer: str, report: HeldReport, now: float) -> None:
         """A peer router's latest `held_report`, received at `now` (replaces its previous one)."""
@@ -449,9 +483,10 @@ class AdmissionQueue:
         # crowded out, and would let the lower classes crowd them out further).
         self._count(cls, place.prefill_tokens, remaining)
         before = any(self._q[c] for c in CLASSES[:rank + 1]) or self._peer_holds_above(rank)
-        if not before and place.open and place.within_budget and place.open_ttft_s <= remaining:
+        ttft_m = self.ttft_margin
+        if not before and place.open and place.within_budget and place.open_ttft_s + ttft_m <= remaining:
             self._dispatched(place.prefill_tokens)
-            return Decision(DISPATCH, open=place.open)
+            return Decision(DISPATCH, open=place.open, ttft_s=place.open_ttft_s)
         # It waits for the prefill ahead of it and for its own prefill's worth of budget to free.
         own = max(1.0, place.prefill_tokens)
         own_wait = self._wait_s(self._tokens[cls] + own)
@@ -465,9 +500,9 @@ class AdmissionQueue:
             self._expire_margin(cls, now)
             own_wait += self._margin[cls]
             all_wait = predicted + self._margin[cls]
-        if own_wait + place.ttft_s > remaining:
+        if own_wait + place.ttft_s + ttft_m > remaining:
             return Decision(REJECT, DEADLINE_UNMEETABLE, self._retry_after(all_wait + place.ttft_s - remaining))
-        if all_wait + place.ttft_s > remaining:
+        if all_wait + place.ttft_s + ttft_m > remaining:
             return Decision(REJECT, SHED, self._retry_after(all_wait + place.ttft_s - remaining))
         if rank > 0 and not place.within_budget:
             # Over its class's fraction of the router's budget share: the rest is kept for the
@@ -504,7 +539,7 @@ class AdmissionQueue:
                 # Once held it is not shed for the higher classes ahead of it or arriving: it goes
                 # first when urgent, so only its own class ahead of it can make it too late. Once
                 # committed, not even that.
-                t_own = self._wait_s(ahead_own + h.prefill_tokens) + h.ttft_s
+                t_own = self._wait_s(ahead_own + h.prefill_tokens) + h.ttft_s + self.ttft_margin
                 if t_own > remaining and not self.committed(h, now):
                     out.append((h, Decision(REJECT, DEADLINE_UNMEETABLE, self._retry_after(t_own - remaining))))
                     continue
@@ -517,7 +552,11 @@ class AdmissionQueue:
         return out
 
     def _urgent(self, h: Held, now: float) -> bool:
-        return now >= h.deadline_s - h.ttft_s - self.cfg.urgent_s
+        return now >= self._last_start(h) - self.cfg.urgent_s
+
+    def _last_start(self, h: Held) -> float:
+        """The last moment its dispatch still meets its deadline, as predicted (with the TTFT margin)."""
+        return h.deadline_s - h.ttft_s - self.ttft_margin
 
     def committed(self, h: Held, now: float) -> bool:
         """Held for `decide_s` or longer: served, late if it must, never rejected for its deadline."""
@@ -532,7 +571,7 @@ class AdmissionQueue:
         99.2 %)."""
         head = self.head()
         crit = self._q[CRITICAL]
-        if crit and crit[0].deadline_s - crit[0].ttft_s - now < 2 * self.cfg.urgent_s:
+        if crit and self._last_start(crit[0]) - now < 2 * self.cfg.urgent_s:
             return [head]  # type: ignore[list-item]
         # A peer's critical head short of slack: only ours may go. One more than two windows past
         # its last start went or was rejected, or, committed (decide_s), waits to go late, when
@@ -542,7 +581,7 @@ class AdmissionQueue:
         if any(-window < last - now < window for last in self._peer_critical.values()):
             return [head] if crit else []  # type: ignore[list-item]
         urgent = sorted((q[0] for q in self._q.values() if q and self._urgent(q[0], now)),
-                        key=lambda h: (h.deadline_s - h.ttft_s, _RANK[h.cls], h.arrival_s))
+                        key=lambda h: (self._last_start(h), _RANK[h.cls], h.arrival_s))
         if head is None or head in urgent or self._peer_holds_above(_RANK[head.cls]):
             return urgent
         return urgent + [head]
@@ -562,11 +601,11 @@ class AdmissionQueue:
             self._rate = place.prefill_tps
         self._observe(now)
         h.ttft_s = place.ttft_s
-        remaining = h.deadline_s - now
+        remaining = h.deadline_s - now - self.ttft_margin  # what its predicted TTFT may take
         if now >= h.expire_s:
             d = Decision(REJECT, QUEUE_TIMEOUT, self._retry_after(place.ttft_s))
         elif place.open and place.within_budget and place.open_ttft_s <= remaining:
-            d = Decision(DISPATCH, open=place.open)
+            d = Decision(DISPATCH, open=place.open, ttft_s=place.open_ttft_s)
         elif place.ttft_s > remaining and self.committed(h, now):
             # Late: served all the same (decide_s), and over the router's budget share: it was
             # admitted within the share, which has moved since, and waiting for it would end in
@@ -574,7 +613,7 @@ class AdmissionQueue:
             # conversation at 1.5x capacity).
             if not place.open:
                 return h, Decision(HOLD)
-            d = Decision(DISPATCH, open=place.open)
+            d = Decision(DISPATCH, open=place.open, ttft_s=place.open_ttft_s)
         elif place.ttft_s > remaining:
             d = Decision(REJECT, DEADLINE_UNMEETABLE, self._retry_after(place.ttft_s - remaining))
         else:
@@ -586,6 +625,19 @@ class AdmissionQueue:
         self._q[h.cls].popleft()
         self._forget(h)
         return h, d
+
+    def observe_ttft(self, predicted_s: float, realized_s: float) -> None:
+        """A dispatched request's first token: `realized_s` after it was sent, where the dispatch
+        counted on `predicted_s` (its Decision's ttft_s). Sets the TTFT margin."""
+        q = self.cfg.ttft_quantile
+        if q is None or not (math.isfinite(predicted_s) and math.isfinite(realized_s) and realized_s >= 0):
+            return
+        self._ttft_errors.append(realized_s - predicted_s)
+        self._ttft_since += 1
+        if self._ttft_since >= TTFT_EVERY and len(self._ttft_errors) >= TTFT_MIN_SAMPLES:
+            self._ttft_since = 0
+            ranked = sorted(self._ttft_errors)
+            self.ttft_margin = max(0.0, ranked[int(q * (len(ranked) - 1))])
 
     def _measured_wait(self, h: Held, now: float) -> None:
         """A held request goes: its actual wait against the one predicted at its arrival."""
