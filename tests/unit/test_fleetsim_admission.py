@@ -221,3 +221,19 @@ def test_realized_tpots_reach_the_policys_plan_only_under_admission(admission) -
     else:
         assert sorted(seen) == sorted(r.tpot_s for r in finished) and len(seen) > 32
         assert 1.0 <= policy.tpot_margin <= 2.0
+
+
+def test_first_tokens_teach_each_router_its_ttft_margin() -> None:
+    """Every admitted request's first token reports, to its own router's queue, its TTFT from the
+    dispatch against the TTFT the dispatch counted on; 'off' keeps the margin at 0."""
+    s = sim(AdmissionConfig(), routers=2)
+    res = s.run()
+    for k, router in enumerate(s.routers):
+        served = sum(1 for r in res.records if r.router == k and r.first_token_s is not None)
+        assert router.queue is not None and served >= 32
+        assert router.queue._ttft_errors.maxlen is not None and len(router.queue._ttft_errors) == min(
+            served, router.queue._ttft_errors.maxlen)
+        assert router.queue.ttft_margin > 0  # this overload runs later than predicted somewhere
+    off = sim(AdmissionConfig(ttft_quantile=None))
+    off.run()
+    assert off.routers[0].queue is not None and off.routers[0].queue.ttft_margin == 0.0

@@ -66,7 +66,7 @@ async def test_dispatch_hold_reject_and_one_dispatch_at_a_time() -> None:
     g, reg, _ = gate()
     pol = FakePolicy()
     first = await admit(g, pol, "standard")
-    assert first == Admitted(frozenset(), False)
+    assert first == Admitted(frozenset(), False, ttft_s=0.2)
     pol.queued = {"r0": 900.0, "r1": 900.0}         # both over budget for another 500 tokens
     assert await admit(g, pol, "sheddable") == Rejected("queue_full", 1)
     a = asyncio.create_task(admit(g, pol, "standard"))
@@ -76,13 +76,13 @@ async def test_dispatch_hold_reject_and_one_dispatch_at_a_time() -> None:
     pol.queued = {"r0": 0.0, "r1": 900.0}          # r0's prefill is done
     g.wake("m")
     out_b = await b                                 # critical first, with r1 closed
-    assert out_b == Admitted(frozenset({"r1"}), True)
+    assert out_b == Admitted(frozenset({"r1"}), True, ttft_s=0.2)
     assert not a.done()
     g.wake("m")                                     # busy until the critical one is sent
     await asyncio.sleep(0)
     assert not a.done()
     g.sent("m")
-    assert await a == Admitted(frozenset({"r1"}), True)
+    assert await a == Admitted(frozenset({"r1"}), True, ttft_s=0.2)
     g.sent("m")
     assert reg.get_sample_value("tidegate_router_admission_rejected_total",
                                 {"model": "m", "priority": "sheddable", "reason": "queue_full"}) == 1
@@ -130,7 +130,7 @@ async def test_a_committed_request_whose_deadline_passed_is_served_late_not_reje
     assert not t.done() and g.held("m")["standard"] == 1
     pol.queued = {"r0": 0.0, "r1": 900.0}            # r0's prefill is done
     g.wake("m")
-    assert await t == Admitted(frozenset({"r1"}), True)  # sent, r1 closed to it
+    assert await t == Admitted(frozenset({"r1"}), True, ttft_s=0.2)  # sent, r1 closed to it
     g.sent("m")
     assert reg.get_sample_value("tidegate_router_admission_rejected_total",
                                 {"model": "m", "priority": "standard", "reason": "deadline_unmeetable"}) is None
@@ -224,11 +224,27 @@ async def test_a_peer_holding_a_higher_class_holds_ours_back_until_it_holds_noth
     assert not t.done() and g.held("m")["standard"] == 1    # the peer's critical goes first
     assert g.held_reports() == {"m": HeldReport({"standard": 500.0})}   # what this router tells its peers
     g.on_peer_held("router-9", "m", None)                   # the peer's critical request went
-    assert await asyncio.wait_for(t, 1) == Admitted(frozenset(), True)
+    assert await asyncio.wait_for(t, 1) == Admitted(frozenset(), True, ttft_s=0.2)
     assert g.held_reports() == {}
 
 
 async def test_a_peer_holding_the_same_class_does_not_hold_ours_back() -> None:
     g, _, _ = gate()
     g.on_peer_held("router-9", "m", HeldReport({"standard": 2000.0}))
-    assert await admit(g, FakePolicy(), "standard") == Admitted(frozenset(), False)
+    assert await admit(g, FakePolicy(), "standard") == Admitted(frozenset(), False, ttft_s=0.2)
+
+
+async def test_first_tokens_teach_the_pool_its_ttft_margin() -> None:
+    g, reg, _ = gate()
+    pol = FakePolicy()
+    first = await admit(g, pol, "standard")
+    assert isinstance(first, Admitted) and first.ttft_s == pytest.approx(0.2)
+    # Every first token 0.5 s later than counted on: the margin becomes 0.5 s once measured ...
+    for _ in range(64):
+        g.observe_ttft("m", 0.2, 0.7)
+    assert reg.get_sample_value("tidegate_router_admission_ttft_margin_seconds", {"model": "m"}) == pytest.approx(0.5)
+    # ... and a request whose predicted TTFT fits its 2 s deadline alone, not with it, is refused.
+    pol.ttft = 1.7
+    assert await admit(g, pol, "standard") == Rejected("deadline_unmeetable", 1)
+    g.observe_ttft("other-pool", 0.2, 0.7)  # a pool without a queue here: nothing to learn
+    g.close()

@@ -633,3 +633,36 @@ async def test_a_cancel_from_elsewhere_stays_a_cancel_even_when_the_deadline_fir
     with pytest.raises(asyncio.CancelledError):
         await asyncio.create_task(attempt())
 
+
+
+async def test_streamed_first_tokens_teach_admission_its_ttft_margin(monkeypatch):
+    """Under admission, a streamed answer's first token reports its TTFT from the send against the
+    TTFT its dispatch counted on (the gate's TTFT margin); a non-streamed answer has no first-token
+    time and says nothing."""
+    from prometheus_client import CollectorRegistry
+
+    from tidegate.policy import registry
+    from tidegate.policy.admission import AdmissionConfig, ClassLimits
+    from tidegate.router.admission import AdmissionMetrics, Gate
+
+    seen: list[tuple[str, float, float]] = []
+
+    class RecordingGate(Gate):
+        def observe_ttft(self, pool, predicted_s, realized_s):
+            seen.append((pool, predicted_s, realized_s))
+            super().observe_ttft(pool, predicted_s, realized_s)
+
+    monkeypatch.setattr(registry, "create", lambda name: FakeTpotPolicy())
+    tables = RoutingTables()
+    router = Router(tables)
+    async with sim_engine() as url, router as client:
+        set_table(tables, "m", [("a", url, 1.0)])
+        limits = {c: ClassLimits(4, 30.0) for c in ("critical", "standard", "sheddable")}
+        metrics = AdmissionMetrics(CollectorRegistry())
+        router.proxy.gate = RecordingGate(AdmissionConfig(limits), time.monotonic, metrics)
+        for extra in ({"stream": True}, {}, {"stream": True}):
+            r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 4, **extra})
+            assert r.status == 200
+            await r.read()
+    assert [(pool, predicted) for pool, predicted, _ in seen] == [("m", 0.01), ("m", 0.01)]
+    assert all(0 < realized < 5.0 for _, _, realized in seen)
