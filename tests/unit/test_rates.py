@@ -182,6 +182,25 @@ def test_nothing_is_published_before_enough_evidence() -> None:
     assert est.published.prefill_tokens_per_s > 0
 
 
+def test_a_prefill_slope_pinned_at_a_bound_is_not_published() -> None:
+    """Prompts whose tokens never show in the step times (counted apart from the steps they
+    slowed, as at a pool's start): the fit clamps the slope at the upper bound; a clamped slope is
+    no estimate and is published as unknown (0: the pool's other replicas or the default stand
+    in), while the decode figures, identified, are published. Real evidence then publishes it."""
+    rng = random.Random(6)
+    est = RateEstimator()
+    for _ in range(20):
+        est.observe(synthetic_window(rng, EngineRates(1e12, 7.5, 0.072), batch=rng.uniform(2, 60),
+                                     prefill_per_step=rng.uniform(50, 400)))
+    assert est.estimate().prefill_tokens_per_s == pytest.approx(CFG.prefill_tokens_per_s_bounds[1])
+    assert est.published.prefill_tokens_per_s == 0
+    assert est.published.decode_step_base_ms > 0
+    truth = EngineRates(47_600.0, 7.5, 0.072)
+    for _ in range(300):
+        est.observe(synthetic_window(rng, truth, batch=rng.uniform(2, 200), prefill_per_step=rng.uniform(0, 600)))
+    assert est.published.prefill_tokens_per_s == pytest.approx(truth.prefill_tokens_per_s, rel=0.1)
+
+
 def test_a_profile_prior_is_published_at_once_and_then_refined() -> None:
     prior = EngineRates(30_000.0, 9.0, 0.1)
     est = RateEstimator(prior=prior)

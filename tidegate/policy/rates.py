@@ -405,7 +405,15 @@ class RateEstimator:
         prefill_ok = decode_ok and (seeded or self._prefill_tokens >= self.cfg.min_prefill_tokens)
         if not decode_ok:
             return EngineRates()
-        prefill = _publish(prev.prefill_tokens_per_s, est.prefill_tokens_per_s, q) if prefill_ok else 0.0
+        # A slope the fit pins at a bound is no estimate: the windows say prompt tokens cost nothing
+        # (or everything), which is what a few windows whose prompts were counted apart from the
+        # steps they slowed say at a pool's start. Published, 1e7 tokens/s made every replica look
+        # idle to admission (Azure code at 1.5x capacity: ~440 held requests sent in 60 ms, a third
+        # of them missing TPOT). Unidentified, it is unknown (0): the pool's other replicas' figure
+        # or the default stands in (predict.pool_rates).
+        lo, hi = self.cfg.prefill_tokens_per_s_bounds
+        pinned = not lo * (1 + 1e-9) < est.prefill_tokens_per_s < hi * (1 - 1e-9)
+        prefill = _publish(prev.prefill_tokens_per_s, est.prefill_tokens_per_s, q) if prefill_ok and not pinned else 0.0
         return EngineRates(
             prefill_tokens_per_s=prefill,
             decode_step_base_ms=_publish(prev.decode_step_base_ms, est.decode_step_base_ms, q),
