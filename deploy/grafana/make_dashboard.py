@@ -138,6 +138,12 @@ def build() -> dict[str, Any]:
     d.panel("Queue wait P95 by class and outcome", [
         (quantile("0.95", "tidegate_router_admission_queue_wait_seconds", "le, priority, outcome", M),
          "{{priority}} {{outcome}}")], unit="s", w=6)
+    # The two measured margins admission plans with (docs/OPERATIONS.md): steady values are normal,
+    # a TTFT margin near the TTFT target or a TPOT margin pinned at 2 are not.
+    d.panel("TTFT margin per router (added to every predicted TTFT)", [
+        (f"tidegate_router_admission_ttft_margin_seconds{{{M}}}", "{{model}} {{pod}}{{instance}}")], unit="s", w=12)
+    d.panel("TPOT plan margin per router (target divided by it)", [
+        (f"tidegate_router_tpot_plan_margin{{{M}}}", "{{model}} {{pod}}{{instance}}")], w=12)
     d.endrow()
 
     d.row("Routers")
