@@ -89,8 +89,8 @@ ENTRY = RouteInfo("r0", 1.0, endpoint="http://r0", prefill_tokens_per_s=10_000.0
 SLO = SloTargets(ttft_s=2.0, tpot_s=0.1)
 
 
-def _policy_with_margin(errors: list[float]) -> tuple[TidegatePolicy, RequestFeatures]:
-    policy = TidegatePolicy(SLO, tpot_plan=SMALL)
+def _policy_with_margin(errors: list[float], cfg: TpotPlanConfig = SMALL) -> tuple[TidegatePolicy, RequestFeatures]:
+    policy = TidegatePolicy(SLO, tpot_plan=cfg)
     snap = PoolSnapshot((ENTRY,), {}, frozenset(), slo=SLO)
     for i, e in enumerate(errors):
         req = RequestFeatures(prompt_tokens=500, max_tokens=50, req_id=f"q{i}")
@@ -120,3 +120,32 @@ def test_a_request_the_policy_did_not_place_teaches_nothing() -> None:
     for i in range(20):
         policy.on_tpot(RequestFeatures(prompt_tokens=10, req_id=f"x{i}"), "r0", 1.0)
     assert policy.tpot_margin == 1.0
+
+
+def test_critical_requests_plan_with_the_stricter_quantile() -> None:
+    """One window of errors, two quantiles: critical requests (priority >= 1) plan with the margin
+    at `critical_quantile`, the others at `quantile`; both floored at 1 and capped."""
+    plan = TpotPlan(TpotPlanConfig(quantile=0.9, critical_quantile=0.99, window=100, min_samples=10, refresh=1))
+    for e in [1.0] * 90 + [1.2] * 9 + [1.5]:
+        plan.observe(e * 0.05, 0.05)
+    assert plan.margin == pytest.approx(1.0)
+    assert plan.critical_margin == pytest.approx(1.2)
+    assert plan.margin_for(0) == plan.margin and plan.margin_for(-1) == plan.margin
+    assert plan.margin_for(1) == plan.critical_margin
+    with pytest.raises(ValueError):
+        TpotPlanConfig(critical_quantile=0.0)
+
+
+def test_a_critical_request_is_planned_to_the_stricter_margin() -> None:
+    """The same window of errors; a critical request's prefill budget is planned to the target
+    over the critical margin, a standard one's over the plain margin."""
+    snap = PoolSnapshot((ENTRY,), {}, frozenset(), slo=SLO)
+    cfg = TpotPlanConfig(quantile=0.9, critical_quantile=0.99, window=100, min_samples=10, refresh=1)
+    policy, _ = _policy_with_margin([1.0] * 18 + [1.4] * 2, cfg)
+    plan = policy._tpot_plan
+    assert plan.critical_margin > plan.margin >= 1.0
+    step = (20.0 + 0.5) / 1000.0
+    for priority, margin in ((0, plan.margin), (-1, plan.margin), (1, plan.critical_margin)):
+        req = RequestFeatures(prompt_tokens=500, max_tokens=50, req_id=f"p{priority}", priority=priority)
+        budget = policy.predictions(snap, req)[0].prefill_budget
+        assert budget == pytest.approx((0.1 / margin - step) * 10_000.0), priority

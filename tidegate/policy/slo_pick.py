@@ -271,7 +271,7 @@ class TidegatePolicy:
         slo = snapshot.slo or self.slo
         # The TPOT the pick plans to: the target over the margin past plans needed (1 without
         # admission, whose router never reports realized TPOTs: on_tpot).
-        ttft_slo, tpot_slo = slo.ttft_s, slo.tpot_s / self._tpot_plan.margin
+        ttft_slo, tpot_slo = slo.ttft_s, slo.tpot_s / self._tpot_plan.margin_for(request.priority)
         blocks = self._blocks(request)
         out = self._output(request)
         output = out if out > 0.0 else 0.0
@@ -368,7 +368,7 @@ class TidegatePolicy:
         reason = "slo_fit"
         if not fit:
             slo = snapshot.slo or self.slo
-            ttft_slo, tpot_slo = slo.ttft_s, slo.tpot_s / self._tpot_plan.margin
+            ttft_slo, tpot_slo = slo.ttft_s, slo.tpot_s / self._tpot_plan.margin_for(request.priority)
             ttft_ok = [p for p in preds if p[3] <= ttft_slo]
             fit = [p for p in ttft_ok if p[4] <= tpot_slo]
             if not fit:
