@@ -87,7 +87,17 @@ async def _put_table(etcd: str, engine_url: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def live_router(etcd_server: EmbeddedEtcd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def private_etcd() -> Iterator[EmbeddedEtcd]:
+    """An etcd of this module's own: the session's holds other tests' tables (pool "m" among
+    them, its replicas long gone), and a generated model name that happens to be one of those
+    pools was routed to a dead endpoint, a 502 this test would blame on the router."""
+    with EmbeddedEtcd() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def live_router(private_etcd: EmbeddedEtcd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    etcd_server = private_etcd
     tmp = tmp_path_factory.mktemp("openapi")
     # a short context keeps generated max_tokens cheap: longer asks are the engine's 400
     sim, sim_url = _listen(["sim", "--model", POOL, "--profile", "instant", "--max-model-len", "256",
