@@ -573,9 +573,9 @@ class Proxy:
                     self._metrics.class_ttft_for(table.pool, request[_EXCHANGE].cls).observe(ttft)
             if first_token is not None:
                 first_token()
-            if first_at is not None:
+            if first_at is not None and self.gate is not None:  # without admission: nothing to learn
                 ex = request[_EXCHANGE]
-                if ex.predicted_ttft_s is not None and self.gate is not None:
+                if ex.predicted_ttft_s is not None:
                     self.gate.observe_ttft(table.pool, ex.predicted_ttft_s, first_at - ex.sent_s)
             transport = request.transport
             if transport is None or transport.is_closing():
