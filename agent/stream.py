@@ -28,6 +28,7 @@ import structlog
 import tidegate
 from tidegate.agent.collector import Collector
 from tidegate.agent.metrics import AgentMetrics
+from tidegate.aio import cancel_and_wait
 from tidegate.v1 import telemetry_pb2, telemetry_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -214,10 +215,8 @@ class StreamClient:
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for t in tasks:
-                    t.cancel()
                 call.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await cancel_and_wait(tasks)
                 if self._metrics is not None:
                     self._metrics.stream_up.set(0)
             if stop.is_set():

@@ -25,6 +25,7 @@ from prometheus_client import start_http_server
 from pydantic import Field, field_validator
 
 from tidegate import codec, config, keys, logs
+from tidegate.aio import cancel_and_wait
 from tidegate.controlplane.admin import AdminService
 from tidegate.controlplane.admission_budgets import BudgetPublisher, tokens_of
 from tidegate.controlplane.auth import Authenticator, load_tokens
@@ -570,12 +571,9 @@ class ControlPlane:
         await admin.close()
         await telemetry.drain_cleanups()
         await self.presence.close()
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        waiter.cancel()
+        stuck = await cancel_and_wait([*tasks, waiter])
+        if stuck:
+            log.error("tasks_did_not_stop", tasks=sorted(t.get_name() for t in stuck if isinstance(t, asyncio.Task)))
         await self.store.close()
         log.info("controlplane_stopped", controlplane_id=self.id)
         return 0

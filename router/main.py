@@ -21,6 +21,7 @@ from aiohttp import web
 from pydantic import Field, field_validator
 
 from tidegate import keys, logs
+from tidegate.aio import cancel_and_wait
 from tidegate.config import AdmissionFields, ConfigBase, ConfigError, EtcdFields, add_flags, load
 from tidegate.errors import StoreError
 from tidegate.policy import registry
@@ -208,9 +209,7 @@ async def _sync_tables(store: Store, tables: RoutingTables) -> None:
                 tables.mark_synced()
             await asyncio.sleep(0.05 if not tables.synced.is_set() else 0.5)
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait([task])
 
 
 async def serve(cfg: RouterConfig,
@@ -306,10 +305,9 @@ async def serve(cfg: RouterConfig,
         # stops accepting, then lets in-flight handlers finish for up to shutdown_grace_s
         await runner.cleanup()
     finally:
-        starter.cancel()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(starter, *tasks, return_exceptions=True)
+        stuck = await cancel_and_wait([starter, *tasks])
+        if stuck:
+            log.error("tasks_did_not_stop", tasks=sorted(t.get_name() for t in stuck if isinstance(t, asyncio.Task)))
         with contextlib.suppress(Exception):
             await keeper.close()
         if gate is not None:

@@ -47,7 +47,6 @@ What the engine does under each fault:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import time
@@ -60,6 +59,7 @@ import structlog
 from aiohttp import web
 
 from tidegate import tokens
+from tidegate.aio import cancel_and_wait
 from tidegate.errors import PromptTooLargeError, RequestError
 from tidegate.simulator.engine import Engine, RequestOutput
 from tidegate.simulator.faults import FaultError, SimulatedGpus, layout_for, parse_fault
@@ -117,9 +117,7 @@ class SimServer:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
             self._task = None
         for track in self._tracks.values():
             track.queue.put_nowait(None)

@@ -107,7 +107,8 @@ async def stop_cp(cp: ControlPlaneProc) -> int:
             return await asyncio.wait_for(cp.proc.wait(), 10)
         except TimeoutError:
             await kill_and_reap(cp.proc)
-            raise
+            raise AssertionError(f"control plane {cp.id} did not exit 10 s after SIGTERM; its log ends: "
+                                 + cp.log.read_text()[-3000:]) from None
     return cp.proc.returncode
 
 

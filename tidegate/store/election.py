@@ -12,7 +12,6 @@ returns (≈2.3 s after the leader stopped, with ttl 3).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import Sequence
 
@@ -20,6 +19,7 @@ import grpc
 import grpc.aio
 import structlog
 
+from tidegate.aio import cancel_and_wait
 from tidegate.errors import StoreError
 from tidegate.etcdapi import v3election_pb2 as pb
 from tidegate.etcdapi import v3election_pb2_grpc as pb_grpc
@@ -148,14 +148,8 @@ class Election:
     async def _drop_lease(self, revoke: bool) -> None:
         task, self._keepalive = self._keepalive, None
         if task is not None and task is not asyncio.current_task():
-            # Python 3.11's wait_for can swallow a cancel that lands as the refresh completes
-            # (the loop then runs on); cancel until the task is really done.
-            while not task.done():
-                task.cancel()
-                await asyncio.wait({task}, timeout=1.0)
-            if not task.cancelled():
-                with contextlib.suppress(Exception):
-                    task.result()
+            # The keep-alive loop runs around wait_for: cancel until it is really done.
+            await cancel_and_wait([task], timeout_s=self._timeout_s + 1.0)
         lease_id, self._lease_id = self._lease_id, 0
         if revoke and lease_id:
             try:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 
+from tidegate.aio import cancel_and_wait
 from tidegate.ops import exitcodes, render
 from tidegate.ops.commands.base import Context, add_common_flags, execute
 from tidegate.v1 import records_pb2
@@ -47,11 +47,7 @@ async def _events(ctx: Context) -> int:
     task = asyncio.create_task(consume())
     stopper = asyncio.create_task(ctx.stop.wait())
     done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    for t in (task, stopper):
-        if t not in done:
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+    await cancel_and_wait({task, stopper} - done)
     if task in done:
         task.result()  # raises AdminError (auth, ...) for the caller to map
     return exitcodes.OK
