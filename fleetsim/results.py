@@ -12,7 +12,8 @@
 - queue_ms = arrival to the engine step that first schedules the request (router hold included).
 - Admission (runs with a router queue): `rejected_by_class` (class -> reason -> count),
   `time_to_reject_ms` (arrival to the rejection, virtual time), `rejected_within_50ms`, `held_ms` (arrival to dispatch,
-  over the requests the router held), `goodput_rps_by_class`.
+  over the requests the router held), `goodput_rps_by_class`, `router_margins` (per router, the
+  TPOT plan and TTFT margins it ended the run with).
 - utilisation = time the engine spent in steps / the run (first arrival to last completion).
 """
 
@@ -102,6 +103,8 @@ def summarize(result: SimResult, *, policy: str, load: float | None, slo_ttft_s:
             for rep in result.replicas
         ],
     }
+    if result.margins:
+        out["router_margins"] = [{k: round(v, 4) for k, v in m.items()} for m in result.margins]
     if wall_s is not None:
         out["wall_s"] = round(wall_s, 2)
     return out

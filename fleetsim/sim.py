@@ -222,6 +222,10 @@ class SimResult:
     samples: dict[str, list[tuple[float, int, int, float]]]
     engine_fast_path: bool
     stopped_early: bool = False         # stop_after_misses was exceeded; unfinished requests were cut
+    # Per router, the measured margins its decisions ended the run with (admission runs):
+    # "tpot_plan" / "tpot_plan_critical" (realized over planned TPOT, tpot_plan.py) and "ttft"
+    # (seconds, admission.py). Where several routers plan worse than one, these show it.
+    margins: list[dict[str, float]] = field(default_factory=list)
 
 
 VIRTUAL_EPOCH = 1_700_000_000.0  # unix seconds at virtual time 0, for FleetState's wall clock
@@ -432,7 +436,18 @@ class Simulation:
             samples=self.samples,
             engine_fast_path=all(r.native_advance for r in self.replicas),
             stopped_early=stopped,
+            margins=[self._margins(r) for r in self.routers] if self.admission else [],
         )
+
+    @staticmethod
+    def _margins(router: SimRouter) -> dict[str, float]:
+        out: dict[str, float] = {}
+        plan = getattr(router.policy, "tpot_plan", None)
+        if plan is not None:
+            out["tpot_plan"], out["tpot_plan_critical"] = plan.margin, plan.critical_margin
+        if router.queue is not None:
+            out["ttft"] = router.queue.ttft_margin
+        return out
 
     def _advance(self, t: float) -> None:
         self.now = t

@@ -237,3 +237,20 @@ def test_first_tokens_teach_each_router_its_ttft_margin() -> None:
     off = sim(AdmissionConfig(ttft_quantile=None))
     off.run()
     assert off.routers[0].queue is not None and off.routers[0].queue.ttft_margin == 0.0
+
+
+def test_results_carry_each_routers_final_margins() -> None:
+    """Per router, the margins its decisions ended on (the figures that show several routers
+    planning worse than one), and none without admission."""
+    s = sim(AdmissionConfig(), routers=2)
+    res = s.run()
+    summary = results.summarize(res, policy="tidegate", load=None, slo_ttft_s=2.0, slo_tpot_s=0.1)
+    assert len(summary["router_margins"]) == 2
+    for router, m in zip(s.routers, summary["router_margins"], strict=True):
+        plan = router.policy.tpot_plan
+        assert router.queue is not None
+        assert m == {"tpot_plan": round(plan.margin, 4), "tpot_plan_critical": round(plan.critical_margin, 4),
+                     "ttft": round(router.queue.ttft_margin, 4)}
+    assert any(m["ttft"] > 0 for m in summary["router_margins"])  # this overload runs late somewhere
+    plain = results.summarize(run(None), policy="tidegate", load=None, slo_ttft_s=2.0, slo_tpot_s=0.1)
+    assert "router_margins" not in plain

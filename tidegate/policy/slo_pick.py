@@ -589,6 +589,11 @@ class TidegatePolicy:
         self._mean_output += EWMA_ALPHA * (n - self._mean_output)
 
     @property
+    def tpot_plan(self) -> TpotPlan:
+        """The realized-over-planned TPOT window and its margins (read them, do not feed them)."""
+        return self._tpot_plan
+
+    @property
     def tpot_margin(self) -> float:
         """What the TPOT target is divided by when planning (1: no margin; tpot_plan.py)."""
         return self._tpot_plan.margin
