@@ -3,6 +3,8 @@ properties (never past a full queue, class order, never held past the max wait, 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -435,6 +437,10 @@ def _cached(rid: str, cached: int, pushed: float, queued: float = 6000.0, own: i
     (_cached("idle-harmless", 0, 0.0, queued=0.0, own=8000), True),      # nothing outstanding and nobody pushed out
     (_cached("idle-harmful", 0, 1.0, queued=0.0, own=8000), False),      # a long prompt on an idle queue pushes one out
     (Prediction("fits-harmful", 0, 1000, 0.5, 0.05, 0.0, 2.0, 1.0, 500.0, 4000.0, 40_000.0), True),  # within budget
+    # With peer routers, a replica idle to all of them takes a prompt alone only from its owner
+    (dataclasses.replace(_cached("idle-not-owned", 0, 0.0, queued=0.0, own=8000), sole=False), False),
+    (dataclasses.replace(_cached("holder-not-owned", 12_000, 0.0), sole=False), True),   # the prefix still opens it
+    (Prediction("fits-not-owned", 0, 1000, 0.5, 0.05, 0.0, 0.0, 1.0, 500.0, 4000.0, 40_000.0, False), True),
 ], ids=lambda v: v.replica_id if isinstance(v, Prediction) else str(v))
 def test_a_replica_is_open_over_its_budget_only_if_it_pushes_nobody_out(pred, is_open) -> None:
     assert (pred.replica_id in placement([pred]).open) is is_open

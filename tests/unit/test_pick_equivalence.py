@@ -11,6 +11,7 @@ same draws from the RNG) and the same prefix block ids, with and without peers' 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import math
 import random
@@ -142,9 +143,12 @@ def ref_predictions(pol: TidegatePolicy, snap: PoolSnapshot, request: RequestFea
             scale = 1.0 / share
             kv_used = max(kv * scale, cap - max(0, x.kv_free_tokens)) if cap > 0 else kv * scale
             load = ReplicaLoad(queued * scale, decoding * scale, kv_used, cap, keys, stalled, scale)
-        preds.append(ref_predict(x.replica_id, load, rates[x.replica_id], request.prompt_tokens,
-                                 ref_cached_tokens(pol, x.replica_id, request), out, remaining, slo.ttft_s,
-                                 slo.tpot_s))
+        pred = ref_predict(x.replica_id, load, rates[x.replica_id], request.prompt_tokens,
+                           ref_cached_tokens(pol, x.replica_id, request), out, remaining, slo.ttft_s, slo.tpot_s)
+        if pol._peers and pol._router_id is not None:
+            # With peers, a prompt over the budget may go alone only to the replicas it owns.
+            pred = dataclasses.replace(pred, sole=x.replica_id in ref_owned(pol, snap))
+        preds.append(pred)
     return preds, share
 
 

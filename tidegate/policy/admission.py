@@ -10,12 +10,14 @@ its predicted TTFT there, the prefill tokens already outstanding there and that 
 prefill budget (what one step may carry within the TPOT target: TPOT protection).
 
     open         = {r : queued_r + prefill_r <= budget_r
-                        or (pushed_out_r == 0  and  (queued_r == 0  or  cached_r > 0))}  (guard on)
-                   (over its budget, a replica is open only where the pick predicts the prefill
-                   pushes no sequence past the TPOT target, and only when nothing is outstanding
-                   there (a prompt larger than the budget goes alone) or it holds the request's
-                   prefix (held back from it, the request would go where the whole prompt is
-                   prefilled))
+                        or (pushed_out_r == 0  and  ((queued_r == 0 and sole_r)  or  cached_r > 0))}
+                   (guard on; over its budget, a replica is open only where the pick predicts the
+                   prefill pushes no sequence past the TPOT target, and only when nothing is
+                   outstanding there (a prompt larger than the budget goes alone) or it holds the
+                   request's prefix (held back from it, the request would go where the whole
+                   prompt is prefilled). sole_r: with peer routers, only the router owning r may
+                   send one alone there (peer_load.owned_replicas): every router sees r idle
+                   until the next report, and each sent one)
     ttft_best    = min_r TTFT_r;    ttft_open = min_{r in open} TTFT_r
     predicted    = sum_r min(prefill_tps_r, budget_r / tpot_slo)  (guard on; else sum_r prefill_tps_r)
     drain        = (served + predicted * 0.1 s) / (held_s + 0.1 s): the prefill tokens/s the queue
@@ -300,7 +302,7 @@ def placement(preds: Sequence[Prediction], tpot_guard: bool = True, tpot_s: floa
     # to 375, and 331 sequences missed TPOT (docs/BENCHMARKS.md, "Mooncake: the prefix index ...").
     open_ = [p for p in preds
              if not tpot_guard or p.queued_prefill + p.prefill_tokens <= p.prefill_budget
-             or (p.pushed_out <= 0 and (p.queued_prefill <= 0 or p.cached_tokens > 0))]
+             or (p.pushed_out <= 0 and ((p.queued_prefill <= 0 and p.sole) or p.cached_tokens > 0))]
     return Placement(best.ttft_s, frozenset(p.replica_id for p in open_),
                      min((p.ttft_s for p in open_), default=math.inf),
                      sum(drain_tps(p, tpot_guard, tpot_s) for p in preds), float(best.prefill_tokens),

@@ -132,6 +132,9 @@ class Prediction:
     queued_prefill: float = 0.0         # prefill tokens already outstanding there (ahead of it)
     prefill_budget: float = math.inf    # outstanding prefill tokens one step may carry within the TPOT target
     prefill_tps: float = 0.0            # the replica's prefill rate
+    # Whether this router may send a prompt over the prefill budget here when nothing is
+    # outstanding (it "goes alone"). With peers, only to the replicas it owns (slo_pick._scan).
+    sole: bool = True
 
 
 def prefill_budget(rates: Rates, decoding: float, tpot_slo_s: float) -> float:

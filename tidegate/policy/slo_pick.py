@@ -285,6 +285,12 @@ class TidegatePolicy:
         else:
             peer_of, scale = None, 1.0 / share
             per_key = scale if scale > 1.0 else 1.0
+        # With peers, a replica idle to every router's view is open over its budget to one of them
+        # only, the one owning it: all see it idle alike until the next report, and each sent a
+        # long prompt there "alone" (Mooncake at 1.5x capacity, 4 routers: peers' outstanding
+        # prefill on the chosen replica 7.0k tokens on average where the router counted 2.8k;
+        # TPOT plan margins pinned at their 2.0 cap; critical 93.8 %, 99.0 % with the rule).
+        mine = self._mine(self._router_id) if full and peer_of is not None and self._router_id is not None else None
         prompt = int(request.prompt_tokens)
         top = prompt - 1
         tiny = prompt < 1
@@ -341,7 +347,8 @@ class TidegatePolicy:
                 budget = (tpot_slo - step_joined) * tps    # prefill_budget(rates, batch + 1, tpot_slo)
                 if not budget > 0.0:
                     budget = 0.0
-                rows.append((rid, cached, u, ttft, tpot, kv_wait, pushed, cost, queued, budget, tps))
+                rows.append((rid, cached, u, ttft, tpot, kv_wait, pushed, cost, queued, budget, tps,
+                             mine is None or rid in mine))
             else:
                 row = (cost, cached, rid, ttft, tpot, kv_wait)
                 rows.append(row)
