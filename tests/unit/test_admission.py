@@ -441,6 +441,10 @@ def _cached(rid: str, cached: int, pushed: float, queued: float = 6000.0, own: i
     (dataclasses.replace(_cached("idle-not-owned", 0, 0.0, queued=0.0, own=8000), sole=False), False),
     (dataclasses.replace(_cached("holder-not-owned", 12_000, 0.0), sole=False), True),   # the prefix still opens it
     (Prediction("fits-not-owned", 0, 1000, 0.5, 0.05, 0.0, 0.0, 1.0, 500.0, 4000.0, 40_000.0, False), True),
+    # No KV room for the prompt and its output: the engine would preempt running sequences for it
+    (Prediction("fits-no-kv", 0, 1000, 0.5, 0.05, 0.2, 0.0, 1.0, 500.0, 4000.0, 40_000.0), False),
+    (dataclasses.replace(_cached("holder-no-kv", 12_000, 0.0), kv_wait_s=0.1), False),
+    (dataclasses.replace(_cached("idle-no-kv", 0, 0.0, queued=0.0, own=8000), kv_wait_s=0.1), False),
 ], ids=lambda v: v.replica_id if isinstance(v, Prediction) else str(v))
 def test_a_replica_is_open_over_its_budget_only_if_it_pushes_nobody_out(pred, is_open) -> None:
     assert (pred.replica_id in placement([pred]).open) is is_open
