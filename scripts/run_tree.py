@@ -3,6 +3,7 @@ commits without a second install (e.g. `bench_router.py --baseline-cmd "python s
 /tmp/old"` where /tmp/old is `git archive OLD | tar -x -C /tmp/old`).
 
     .venv/bin/python scripts/run_tree.py TREE router --etcd ...
+    .venv/bin/python scripts/run_tree.py TREE scripts/peer_view_probe.py ...   # a script on TREE's packages
 
 Maps every package of TREE's pyproject `[tool.setuptools.package-dir]` onto TREE's folders before
 anything imports them, so the editable install's own mapping (this checkout) never applies.
@@ -11,6 +12,7 @@ anything imports them, so the editable install's own mapping (this checkout) nev
 from __future__ import annotations
 
 import importlib.util
+import runpy
 import sys
 import tomllib
 from pathlib import Path
@@ -33,6 +35,11 @@ def main() -> int:
         parent, _, child = name.rpartition(".")
         if parent:
             setattr(sys.modules[parent], child, module)
+    if len(sys.argv) > 1 and sys.argv[1].endswith(".py"):  # a script of this checkout, on TREE's packages
+        script = sys.argv.pop(1)
+        sys.argv[0] = script
+        runpy.run_path(script, run_name="__main__")
+        return 0
     from tidegate.cli.main import main as tidegate_main
     return int(tidegate_main() or 0)
 

@@ -374,8 +374,8 @@ class TidegatePolicy:
             return make_pick(by_id[preds[0][2]], "only_candidate", preds[0][0], 1)
         reason = "slo_fit"
         if not fit:
-            slo = snapshot.slo or self.slo
-            ttft_slo, tpot_slo = slo.ttft_s, slo.tpot_s / self._tpot_plan.margin_for(request.priority)
+            # the targets the scan just planned this request to
+            ttft_slo, tpot_slo = (snapshot.slo or self.slo).ttft_s, self._tpot_slo_s
             ttft_ok = [p for p in preds if p[3] <= ttft_slo]
             fit = [p for p in ttft_ok if p[4] <= tpot_slo]
             if not fit:
