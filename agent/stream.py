@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import structlog
@@ -290,7 +291,7 @@ async def _standby_refusal(call: grpc.aio.StreamStreamCall) -> Ended | None:
     return Ended(leader_hint=hint, standby=True)
 
 
-def _describe(done: set[asyncio.Task[None]]) -> str:
+def _describe(done: set[asyncio.Task[Any]]) -> str:
     for t in done:
         if t.cancelled():
             continue

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
@@ -51,6 +51,12 @@ ApplyIntent = Callable[[str, records_pb2.ReplicaIntent | None, int], Awaitable[N
 
 async def _noop_apply(rid: str, intent: records_pb2.ReplicaIntent | None, rev: int) -> None:
     return None
+
+
+async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
+    """`context.abort`, typed: it raises (grpc ships no type hints, so a checker cannot tell)."""
+    await context.abort(code, details)
+    raise AssertionError("grpc's ServicerContext.abort returned")
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
@@ -99,16 +105,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         """Calls the same method on the leader with the caller's metadata."""
         md = tuple(context.invocation_metadata() or ())
         if any(k == FORWARDED for k, _ in md):
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"control plane {self._id} is not the leader (forwarded call)")
+            await _abort(context, grpc.StatusCode.UNAVAILABLE,
+                                  f"control plane {self._id} is not the leader (forwarded call)")
         try:
             listing = await self._store.list_prefix(keys.ELECTION)
             leader = (codec.decode(listing.items[0].value, records_pb2.LeaderRecord)
                       if listing.items else None)
         except (StoreError, codec.DecodeError) as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot find the leader: {e}")
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"cannot find the leader: {e}")
         if leader is None or not leader.admin_address or leader.controlplane_id == self._id:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "no control-plane leader right now; retry")
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, "no control-plane leader right now; retry")
         ch = self._channels.get(leader.admin_address)
         if ch is None:
             ch = self._channels[leader.admin_address] = grpc.aio.insecure_channel(leader.admin_address)
@@ -119,7 +125,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                                                    and k not in ("user-agent",)], (FORWARDED, self._id)),
                               timeout=30)
         except grpc.aio.AioRpcError as e:
-            await context.abort(e.code(), e.details() or "")
+            await _abort(context, e.code(), e.details() or "")
 
     # ------------------------------------------------------------ reads
 
@@ -166,8 +172,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         view = self._fleet.view(request.replica_id)
         rec = self._fleet.get(request.replica_id)
         if view is None or rec is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"replica {request.replica_id!r} is not known to control plane {self._id}")
+            await _abort(context, grpc.StatusCode.NOT_FOUND,
+                                  f"replica {request.replica_id!r} is not known to control plane {self._id}")
         summary = self._summary(view)
         reasons = [f"state {_state_name(summary.state)}, weight {summary.weight:g}"]
         reasons += [r for r in summary.reason.split("; ") if r]
@@ -240,7 +246,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         try:
             listing = await self._store.list_prefix(keys.BUDGETS)
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
         out = {}
         for kv in listing.items:
             try:
@@ -267,14 +273,14 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         (done ones answer "already ...")."""
         selector = request.selector
         if not selector.replica_ids and not selector.labels:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "empty selector: name replica ids or labels (pool, region, zone)")
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                                  "empty selector: name replica ids or labels (pool, region, zone)")
         bad = set(selector.labels) - set(SELECTOR_LABELS)
         if bad:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"unknown selector labels {sorted(bad)}; valid: pool, region, zone")
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"unknown selector labels {sorted(bad)}; valid: pool, region, zone")
         if verb == "drain" and (request.timeout_s < 0 or request.grace_period_s < 0):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "timeout_s and grace_period_s must be >= 0")
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "timeout_s and grace_period_s must be >= 0")
         force = bool(getattr(request, "force", False))
         budgets = {} if verb == "uncordon" or force else await self._budgets(context)
         members = self._members() if budgets else []
@@ -325,8 +331,8 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 # so a deposed leader (which may not know it yet) must not land the change.
                 fence = self._fence()
                 if fence is None:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                        f"control plane {self._id} is no longer the leader; retry{partial()}")
+                    await _abort(context, grpc.StatusCode.UNAVAILABLE,
+                                          f"control plane {self._id} is no longer the leader; retry{partial()}")
                 writing = rid
                 if verb == "uncordon":
                     # Uncordon also ends a drain, like `kubectl uncordon`.
@@ -342,12 +348,12 @@ class AdminService(admin_pb2_grpc.AdminServicer):
                 results.append(admin_pb2.IntentResult(replica_id=rid, changed=True, message=done))
         except FencedError as e:
             self._on_fenced(str(e))
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"control plane {self._id} is no longer the leader; retry{partial()}")
+            await _abort(context, grpc.StatusCode.UNAVAILABLE,
+                                  f"control plane {self._id} is no longer the leader; retry{partial()}")
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}{partial()}")
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"etcd: {e}{partial()}")
         except codec.DecodeError as e:
-            await context.abort(grpc.StatusCode.DATA_LOSS, f"{e}{partial()}")
+            await _abort(context, grpc.StatusCode.DATA_LOSS, f"{e}{partial()}")
         for r in results:
             log.info("intent_result", verb=verb, replica_id=r.replica_id, changed=r.changed,
                      refused=r.refused, message=r.message, actor=principal.actor)
@@ -394,7 +400,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         try:
             events = await self._events.list(request.replica_id, request.limit or 100)
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
         return admin_pb2.ListEventsResponse(events=events)
 
     async def WatchEvents(self, request: admin_pb2.WatchEventsRequest,  # noqa: N802
@@ -420,7 +426,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             else:
                 budget_policy.validate(b)
         except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"budget: {e}")
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"budget: {e}")
         try:
             if request.delete:
                 existed = await self._store.delete(keys.budget(b.scope))
@@ -432,7 +438,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             b.updated_at.CopyFrom(_timestamp(self._wall()))
             await self._store.put(keys.budget(b.scope), codec.encode(b))
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
         what = (f"min_available={b.min_available}" if b.min_available else f"max_unavailable={b.max_unavailable}")
         await self._events.record("budget_changed", actor=who.actor, reason=f"{b.scope} {what}")
         return admin_pb2.SetBudgetResponse(budget=b, message="set")
@@ -449,7 +455,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         try:
             listing = await self._store.list_prefix(keys.SLOS)
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
         return decode_slos({kv.key: kv for kv in listing.items})
 
     async def SetPoolSlo(self, request: admin_pb2.SetPoolSloRequest,  # noqa: N802
@@ -463,7 +469,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             else:
                 validate_slo(slo)
         except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"slo: {e}")
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"slo: {e}")
         try:
             kv = await self._store.get(keys.slo(slo.pool))
             try:
@@ -482,7 +488,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             slo.updated_at.CopyFrom(_timestamp(self._wall()))
             await self._store.put(keys.slo(slo.pool), codec.encode(slo))
         except StoreError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
+            await _abort(context, grpc.StatusCode.UNAVAILABLE, f"etcd: {e}")
         await self._events.record("slo_changed", pool=slo.pool, actor=who.actor,
                                   reason=f"ttft {slo.ttft_s:g}s tpot {slo.tpot_s:g}s")
         return admin_pb2.SetPoolSloResponse(slo=slo, message="set")

@@ -149,7 +149,7 @@ class TablePublisher:
                     continue
                 entries = list(tables.get(pool, ()))
                 slo = slos.get(pool)  # routing-relevant: a new target changes every pick
-                rkey = routing_key(entries) + ((slo.ttft_s, slo.tpot_s) if slo is not None else (),)
+                rkey: tuple[object, ...] = routing_key(entries) + ((slo.ttft_s, slo.tpot_s) if slo is not None else (),)
                 if self._published.get(pool) == rkey:
                     continue
                 gen = self._generation.get(pool, 0) + 1
@@ -165,7 +165,7 @@ class TablePublisher:
             if current is not None:
                 # Every changed pool at once: a tick's writes cost one etcd round trip, not one per
                 # pool (sequential writes made a tick of tens of pools, and so propagation, slow).
-                landed, error = await put_all(self._store, [(keys.table(pool), data) for pool, *_, data in changed],
+                landed, error = await put_all(self._store, [(keys.table(c[0]), c[4]) for c in changed],
                                               current)
                 for (pool, gen, rkey, entries, _), ok in zip(changed, landed, strict=True):
                     if not ok:

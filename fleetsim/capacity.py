@@ -150,6 +150,8 @@ def search_capacity(measure: Callable[[float], float], target: float, *, start: 
         return seen[x]
 
     x = start
+    lo: float | None
+    hi: float | None
     if m(x) >= target:
         lo, hi = x, None
         while hi is None:
@@ -170,6 +172,7 @@ def search_capacity(measure: Callable[[float], float], target: float, *, start: 
                 lo = x
             else:
                 hi = x
+    assert lo is not None and hi is not None  # the loops above end only with both bracketed
     while hi - lo > tol * lo:
         x = math.sqrt(lo * hi)
         if m(x) >= target:

@@ -476,7 +476,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", dest="profile", action="append", default=argparse.SUPPRESS, metavar="NAME[:COUNT]",
                         help=SimulateConfig.model_fields["profile"].description)
     parser.add_argument("--policy", dest="policy", action="append", default=argparse.SUPPRESS, metavar="NAME",
-                        help=SimulateConfig.model_fields["policy"].description + " Valid: "
+                        help=(SimulateConfig.model_fields["policy"].description or "") + " Valid: "
                         + ", ".join(registry.names()) + ".")
 
 

@@ -82,7 +82,7 @@ class SimReplica:
         if self._held:
             return False
         if self._native:
-            nxt = self.engine.next_step_s()  # type: ignore[attr-defined]
+            nxt = self.engine.next_step_s()
             return nxt is None or nxt >= t
         return not self.engine.has_work()
 
@@ -93,7 +93,7 @@ class SimReplica:
 
     def _advance_native(self, until_s: float) -> list[Event]:
         eng = self.engine
-        raw = eng.advance(until_s)  # type: ignore[attr-defined]
+        raw = eng.advance(until_s)
         self.t = max(self.t, eng.clock_s)
         events = [Event(e.kind, e.req_id, e.t_s) for e in raw if e.kind in ("first_token", "finished", "preempted")]
         if self._held:
@@ -106,7 +106,7 @@ class SimReplica:
     def _advance_steps(self, until_s: float) -> list[Event]:
         out: list[Event] = []
         if self._held:
-            keep = []
+            keep: list[Event] = []
             for e in self._held:
                 (out if e.t_s <= until_s else keep).append(e)
             self._held = keep

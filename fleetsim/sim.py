@@ -294,7 +294,7 @@ class Simulation:
         if not profiles:
             raise ValueError("need at least one replica")
         self.cfg = cfg or SimConfig()
-        policies = list(policy) if isinstance(policy, (list, tuple)) else [policy]
+        policies = list(policy) if isinstance(policy, Sequence) else [policy]
         if len(policies) != self.cfg.routers:
             raise ValueError(f"need one policy instance per router ({self.cfg.routers}), got {len(policies)}")
         if len({id(p) for p in policies}) != len(policies):
@@ -319,7 +319,7 @@ class Simulation:
             self.fleet.on_hello(agent.hello)
             self._push(self.now + phase_rng.uniform(0.0, self.cfg.report_interval_s), _REPORT, i)
         self._push(self.now + self.cfg.tick_s, _TICK, None)
-        ids = [r.replica_id for r in self.replicas]
+        ids = tuple(r.replica_id for r in self.replicas)
         # Router 0 keeps the single router's RNG stream, so a 1-router run is what it always was.
         self.routers = [
             SimRouter(p, ids, random.Random(f"router/{seed}" if k == 0 else f"router/{seed}/{k}"),
@@ -341,7 +341,7 @@ class Simulation:
         self._budget_written: tuple[records_pb2.AdmissionBudget, float] | None = None
         self._holds: dict[str, Hold] = {}
         if self.cfg.budgets is not None and self.admission:
-            self._budget_pub = BudgetPublisher(None, "sim", self.cfg.budgets,  # type: ignore[arg-type]
+            self._budget_pub = BudgetPublisher(None, "sim", self.cfg.budgets,
                                                refresh_s=self.cfg.budget_refresh_s,
                                                wall_clock=lambda: VIRTUAL_EPOCH + self.now)
             for k, router in enumerate(self.routers):

@@ -40,7 +40,7 @@ def make_session(connect_timeout_s: float, limit: int = 10_000) -> EngineClient:
 
 def _openai_errors(ratelog: LogRateLimiter) -> Any:
     @web.middleware
-    async def middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    async def middleware(request: web.Request, handler):
         """aiohttp's own errors (404 route, 405) and any bug answered in the OpenAI error envelope."""
         try:
             return await handler(request)

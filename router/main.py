@@ -14,7 +14,8 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -278,7 +279,7 @@ async def serve(cfg: RouterConfig,
     presence = PresencePublisher(keeper, router_id, cfg.region, f"http://{cfg.host}:{port}", inflight, tables,
                                  interval_s=PRESENCE_INTERVAL_S, budgets=budgets)
     # Peer load records (router/peer_load.py): what this router places, for the other routers.
-    peer_tasks: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+    peer_tasks: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
     if cfg.peer_load_interval_s > 0:
         watcher = PeerLoadWatcher(store, router_id, proxy.policy, proxy.policies,
                                   on_held=gate.on_peer_held if gate is not None else None)

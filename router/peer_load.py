@@ -84,12 +84,12 @@ def load_record(router_id: str, wall_s: float, reports: Mapping[str, PeerReport]
     # the peer's pins until it reports nothing in flight there (PeerPins.settle); a learned key
     # cut off is released by nobody, since a release applies only to what was pinned.
     for pool, report in reports.items():
-        for r in report.released:
+        for rel in report.released:
             if room <= 0:
                 break
-            keys_ = r.keys[:room]
+            keys_ = rel.keys[:room]
             room -= len(keys_)
-            rec.pools[pool].released.add(replica_id=r.replica_id, keys=keys_)
+            rec.pools[pool].released.add(replica_id=rel.replica_id, keys=keys_)
     return rec
 
 

@@ -64,7 +64,6 @@ _DROP_RESPONSE = HOP_BY_HOP | {"content-length", "server", "date"}
 REPLICA_HEADER = "X-Tidegate-Replica"
 REJECT_HEADER = "X-Tidegate-Reject-Reason"     # why a 429 (budget_exhausted; the queue's reasons)
 BUDGET_EXHAUSTED = "budget_exhausted"
-_EXCHANGE = web.RequestKey("tidegate_exchange", "_Exchange")  # what the proxy notes of one request (below)
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
@@ -93,6 +92,9 @@ class _Exchange:
         # (a streamed answer's first token teaches the gate its TTFT margin: Gate.observe_ttft).
         self.predicted_ttft_s: float | None = None
         self.sent_s = 0.0
+
+
+_EXCHANGE = web.RequestKey("tidegate_exchange", _Exchange)  # what the proxy notes of one request
 
 
 @dataclass(frozen=True)

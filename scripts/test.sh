@@ -11,6 +11,7 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e ".[test]"
 .venv/bin/python -m ruff check .
+.venv/bin/python -m mypy
 # promtool (Debian's `prometheus` package) checks deploy/prometheus/alerts.yml; the test that
 # needs it skips, naming the reason, where it cannot be installed (not root, no apt-get).
 if ! command -v promtool >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -335,10 +335,10 @@ class Engine:
             raise RequestError(f"request id {req_id!r} is already in the engine")
         if max_tokens is None and isinstance(prompt_tokens, int):
             max_tokens = self.default_max_tokens(prompt_tokens)
-        self.check_request(prompt_tokens, max_tokens)  # type: ignore[arg-type]
+        self.check_request(prompt_tokens, max_tokens)
         hashes = tuple(prefix_hashes)
         keys = self._cache_keys(prompt_tokens, hashes, hash_block_tokens)
-        req = _Request(req_id, prompt_tokens, int(max_tokens), arrival_s, hashes, keys)  # type: ignore[arg-type]
+        req = _Request(req_id, prompt_tokens, int(max_tokens), arrival_s, hashes, keys)
         self._requests[req_id] = req
         self._waiting.append(req)
 

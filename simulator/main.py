@@ -115,9 +115,10 @@ async def serve(cfg: SimConfig, profile: Profile) -> None:
     site = web.TCPSite(runner, cfg.host, cfg.port)
     await site.start()
     port = cfg.port
-    server = site._server  # aiohttp exposes bound sockets only through the asyncio server
-    if server is not None and getattr(server, "sockets", None):
-        port = server.sockets[0].getsockname()[1]
+    # aiohttp exposes bound sockets only through the asyncio server
+    sockets = getattr(site._server, "sockets", None)
+    if sockets:
+        port = sockets[0].getsockname()[1]
     log.info("sim_listening", host=cfg.host, port=port, model=model, profile=profile.name,
              num_gpu_blocks=profile.num_gpu_blocks, metrics_flavor=cfg.metrics_flavor, speedup=cfg.speedup,
              simulated_gpus=layout.gpu_count, gpu_name=layout.name)

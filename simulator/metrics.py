@@ -161,6 +161,7 @@ class SimMetrics:
         values = list(labels.values())
         self.registry.register(_EngineCollector(engine, labels, flavor, time_scale))
         self._success: Counter | None = None
+        buckets: tuple[tuple[float, ...], ...]
         if flavor == "sglang":
             prefix, buckets = "sglang:", (SGLANG_TTFT_BUCKETS, SGLANG_ITL_BUCKETS, SGLANG_E2E_BUCKETS)
             itl_name = "sglang:inter_token_latency_seconds"

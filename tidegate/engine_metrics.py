@@ -275,12 +275,12 @@ def _dialect(idx: dict[str, list[tuple[dict[str, str], float]]], dialect: str,
             if any(k.startswith(names.prefix) for k in idx):
                 return engine, names
         raise TelemetryParseError(f"engine /metrics holds no vLLM, SGLang or TGI metrics{who}")
-    names = DIALECTS.get(dialect)
-    if names is None:
+    chosen = DIALECTS.get(dialect)
+    if chosen is None:
         raise ValueError(f"unknown metrics dialect {dialect!r}; expected auto, {', '.join(DIALECTS)}")
-    if not any(k.startswith(names.prefix) for k in idx):
-        raise TelemetryParseError(f"engine /metrics holds no {dialect} metrics ({names.prefix}*){who}")
-    return dialect, names
+    if not any(k.startswith(chosen.prefix) for k in idx):
+        raise TelemetryParseError(f"engine /metrics holds no {dialect} metrics ({chosen.prefix}*){who}")
+    return dialect, chosen
 
 
 def parse_metrics(text: str, model: str | None = None, dialect: str = "auto") -> EngineSample:

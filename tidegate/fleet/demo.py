@@ -130,7 +130,8 @@ def repeat_to(trace: list[traces.TraceRequest], span_s: float) -> list[traces.Tr
     if not trace:
         return trace
     period = trace[-1].arrival_s + (trace[-1].arrival_s / max(1, len(trace) - 1))
-    out, offset = [], 0.0
+    out: list[traces.TraceRequest] = []
+    offset = 0.0
     while True:
         for r in trace:
             t = r.arrival_s + offset

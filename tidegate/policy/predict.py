@@ -169,9 +169,9 @@ def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int
     out of its TPOT target (a miss is a miss, however small the increment that caused it, and
     increments that leave everyone within the target cost nothing). The pick minimises it.
     """
-    load = (replica_id, load.queued_prefill, load.decoding, load.kv_used, load.kv_capacity, load.stall_keys,
-            load.stalled_s, load.per_key, rates, cached_tokens)
-    return Prediction(*predict_rows((load,), prompt_tokens, output_tokens, remaining_output, ttft_slo_s, tpot_slo_s)[0])
+    row = (replica_id, load.queued_prefill, load.decoding, load.kv_used, load.kv_capacity, load.stall_keys,
+           load.stalled_s, load.per_key, rates, cached_tokens)
+    return Prediction(*predict_rows((row,), prompt_tokens, output_tokens, remaining_output, ttft_slo_s, tpot_slo_s)[0])
 
 
 def predict_rows(loads: Iterable[tuple], prompt_tokens: int, output_tokens: float, remaining_output: float,

@@ -125,8 +125,9 @@ class _Candidates:
     entries: tuple[RouteInfo, ...]
     exclude: frozenset[str]
     # id, prefill tokens/s, base step s, per-sequence step s, KV capacity, KV used by the table
-    # (None when the capacity is unknown): the rates' figures unpacked once per table, not per pick.
-    rows: list[tuple[str, float, float, float, float, float | None]]
+    # (read only where the capacity is known, > 0): the rates' figures unpacked once per table,
+    # not per pick.
+    rows: list[tuple[str, float, float, float, float, float]]
     table: int                                           # running + waiting over the candidates
     by_id: dict[str, RouteInfo]                          # every entry of the table
 
@@ -231,7 +232,7 @@ class TidegatePolicy:
         for e in cands:
             cap = float(max(0, e.kv_capacity_tokens))
             # _load's KV: the table's figure takes part only when the capacity is known.
-            reported = cap - max(0, e.kv_free_tokens) if cap > 0 else None
+            reported = cap - max(0, e.kv_free_tokens) if cap > 0 else 0.0
             r = rates[e.replica_id]
             rows.append((e.replica_id, r.prefill_tps, r.step_base_s, r.step_per_seq_s, cap, reported))
             table += max(0, e.running) + max(0, e.waiting)
@@ -324,7 +325,7 @@ class TidegatePolicy:
             prefill_s = work / tps
             ttft = prefill_s + ceil(work / CHUNK_TOKENS) * step
             kv_wait = 0.0
-            if cap > 0:   # then the table's KV figure is known (not None)
+            if cap > 0:   # then the table's KV figure is known
                 kv = own.kv * scale if peer_of is None else own.kv + peer.kv
                 kv_used = reported if reported > kv else kv   # max(kv, reported)
                 shortfall = work + output - (cap - (kv_used if kv_used > 0.0 else 0.0))
@@ -369,6 +370,7 @@ class TidegatePolicy:
         preds, fit, best = self._scan(snapshot, request, False)
         if not preds:
             return None
+        assert self._cands is not None  # _scan just set it
         by_id = self._cands.by_id
         if len(preds) == 1:
             return make_pick(by_id[preds[0][2]], "only_candidate", preds[0][0], 1)
@@ -460,6 +462,7 @@ class TidegatePolicy:
         self._placed[replica_id] = self._placed.get(replica_id, 0.0) + placed
         # Its prefill stalls everyone there. With peers' reports, their prefills are added when
         # reported (on_peer_load); without, they are assumed to be ours scaled to the pool's.
+        decoding: float
         if self._peers:
             peer = self._peer_sum.get(replica_id, NO_PEER_LOAD)
             own.stalled_s += placed
@@ -500,6 +503,7 @@ class TidegatePolicy:
         self._router_id = router_id
 
     def _mine(self, router_id: str) -> frozenset[str]:
+        assert self._cands is not None  # called from _scan, after _candidates
         entries = self._cands.entries
         owned = self._owned
         if owned is None or owned[0] is not entries:

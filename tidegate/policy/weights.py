@@ -91,7 +91,7 @@ class ReplicaView:
 
 @dataclass(frozen=True)
 class ReplicaDecision:
-    state: int                         # records_pb2.ReplicaState value
+    state: records_pb2.ReplicaState    # an int at run time
     weight: float
     reason: str
 

@@ -148,7 +148,7 @@ class EtcdStore:
         if self._client is not None:
             return
         host, port = await channel_target(self._endpoints)
-        client = aetcd.Client(host=host, port=port, timeout=self._timeout_s,  # type: ignore[arg-type]
+        client = aetcd.Client(host=host, port=port, timeout=self._timeout_s,
                               options=dict(CHANNEL_OPTIONS))
         try:
             await client.connect()  # builds the channel and stubs; no round trip

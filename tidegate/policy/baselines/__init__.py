@@ -4,6 +4,7 @@ baselines. One module per policy; formulas and sources in README.md."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from tidegate.policy.baselines.clairvoyant import Clairvoyant
 from tidegate.policy.baselines.least_kv import LeastKv
@@ -14,7 +15,10 @@ from tidegate.policy.baselines.sglang_cache_aware import SglangCacheAware
 from tidegate.policy.baselines.tidegate_pick import TidegatePick
 from tidegate.policy.baselines.uniform_random import UniformRandom
 
-BUILTIN: dict[str, Callable[[], object]] = {
+if TYPE_CHECKING:  # registry imports this module when it first needs a policy
+    from tidegate.policy.registry import Policy
+
+BUILTIN: dict[str, Callable[[], Policy]] = {
     "tidegate": TidegatePick,
     "round_robin": RoundRobin,
     "random": UniformRandom,

@@ -20,7 +20,7 @@ def chained_keys(prefix_hashes: Iterable) -> list[int]:
     prev: object = ROOT
     for h in prefix_hashes:
         prev = hash((prev, h))
-        keys.append(prev)  # type: ignore[arg-type]
+        keys.append(prev)
     return keys
 
 
