@@ -4,7 +4,7 @@ arrival or after being held, then met the SLOs or missed TTFT / TPOT; or rejecte
 prediction (dispatched, then late) from admission's own (held, then rejected).
 
     .venv/bin/python scripts/admission_breakdown.py --trace ../shared/data/traces/AzureLLMInferenceTrace_code.csv \
-        --load 1.2942 --routers 4 --peer-ms 100 [--seed 0] [--slo-ttft 2s]
+        --load 1.2942 --routers 4 --peer-ms 100 [--seed 0] [--slo-ttft 2s] [--decide 50ms]
 
 Always 16 x llama3-8b-h100, policy tidegate, class mix critical=0.2,standard=0.5,sheddable=0.3
 (the setup of docs/BENCHMARKS.md, "Admission and overload").
@@ -20,18 +20,10 @@ from tidegate.fleetsim import main as fm
 from tidegate.policy.classes import CLASSES, class_of
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", required=True)
-    ap.add_argument("--load", type=float, required=True)
-    ap.add_argument("--routers", type=int, default=1)
-    ap.add_argument("--peer-ms", type=float, default=50.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--slo-ttft", default="2s")
-    a = ap.parse_args()
-    cfg = fm.SimulateConfig(trace=a.trace, replicas=16, profile=["llama3-8b-h100"], policy=["tidegate"],
-                            admission=True, class_mix="critical=0.2,standard=0.5,sheddable=0.3", load=[a.load],
-                            routers=[a.routers], peer_ms=a.peer_ms, seed=a.seed, slo_ttft=a.slo_ttft)
+def breakdown(cfg: fm.SimulateConfig) -> dict[str, collections.Counter]:
+    """Per class, how many requests took each path: "rejected REASON at arrival|late", or
+    "direct|held, met|missed TTFT|missed TTFT (sent after its deadline)|missed TPOT". Client
+    errors (prompts no replica can hold) are rejected by the router's validation, not by admission."""
     runs: list = []
     fm.run_matrix(cfg, fm.fleet_profiles(cfg.profile, cfg.replicas), ["tidegate"], fm.base_requests(cfg),
                   on_run=lambda summary, result: runs.append((summary, result)))
@@ -46,12 +38,34 @@ def main() -> int:
             continue
         path = "held" if r.dispatch_s is not None and r.dispatch_s > r.req.arrival_s else "direct"
         if r.ttft_s is None or r.ttft_s > ttft_s:
-            fate = "missed TTFT"
+            # Held: already late when it went (its wait was mispredicted; only a committed request,
+            # --admission-decide, is sent then), or its prefill took longer than the time left?
+            late_at_dispatch = (path == "held" and r.dispatch_s is not None
+                                and r.dispatch_s - r.req.arrival_s >= ttft_s)
+            fate = "missed TTFT (sent after its deadline)" if late_at_dispatch else "missed TTFT"
         elif r.tpot_s is not None and r.tpot_s > tpot_s:
             fate = "missed TPOT"
         else:
             fate = "met"
         out[cls][f"{path}, {fate}"] += 1
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--load", type=float, required=True)
+    ap.add_argument("--routers", type=int, default=1)
+    ap.add_argument("--peer-ms", type=float, default=50.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--slo-ttft", default="2s")
+    ap.add_argument("--decide", default="off", help="as simulate's --admission-decide (e.g. 50ms; default off)")
+    a = ap.parse_args()
+    cfg = fm.SimulateConfig(trace=a.trace, replicas=16, profile=["llama3-8b-h100"], policy=["tidegate"],
+                            admission=True, class_mix="critical=0.2,standard=0.5,sheddable=0.3", load=[a.load],
+                            routers=[a.routers], peer_ms=a.peer_ms, seed=a.seed, slo_ttft=a.slo_ttft,
+                            admission_decide=a.decide)
+    out = breakdown(cfg)
     for cls in CLASSES:
         total = sum(out[cls].values())
         print(f"{cls} ({total}): " + ", ".join(f"{k} {v}" for k, v in sorted(out[cls].items())))
