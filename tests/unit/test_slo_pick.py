@@ -134,6 +134,35 @@ def test_placements_use_up_the_stall_budgets_of_a_replicas_short_answers():
     assert p.pushed_out == 0  # finished sequences leave the stall keys
 
 
+@pytest.mark.parametrize("out, pushed", [(6, 3), (None, 0)])
+def test_only_answers_of_a_known_length_have_stall_budgets(out: int | None, pushed: int):
+    """The same replica of short answers as above: when they came without max_tokens, their
+    length is unknown (the mean output would be a guess wrong for most), so they carry no stall
+    budget and no prefill counts as pushing them out; they still count in the decode batch."""
+    pol = TidegatePolicy(SloTargets(ttft_s=2.0, tpot_s=0.1))
+    for i in range(1000):  # finished answers were 6 tokens long: the mean output is about 6
+        pol.on_output(req(500, None, rid=f"done{i}"), "a", 6)
+    snap = PoolSnapshot((e("a"),))
+    short = [req(500, out, rid=f"s{i}") for i in range(3)]
+    for r in short:
+        dispatch(pol, snap, r, first_token=True)
+    (before,) = pol.predictions(snap, req(4000, 200, rid="probe"))
+    total = 0.0
+    for i in range(6):
+        big = req(4000, 200, rid=f"b{i}")
+        (p,) = pol.predictions(snap, big)
+        total += p.pushed_out
+        pol.on_dispatch(big, "a")
+    assert total == pushed
+    for r in short:
+        pol.on_complete(r, "a")
+    (after,) = pol.predictions(snap, req(4000, 200, rid="after"))
+    assert after.pushed_out == 0
+    # The three decoding answers make the step slower for the probe either way.
+    (alone,) = TidegatePolicy(SloTargets(ttft_s=2.0, tpot_s=0.1)).predictions(snap, req(4000, 200, rid="probe"))
+    assert before.tpot_s > alone.tpot_s
+
+
 def only(prefill: float = 0.0, base: float = 0.0, per_seq: float = 0.0) -> dict:
     return dict(prefill_tokens_per_s=prefill, decode_step_base_ms=base, decode_step_per_seq_ms=per_seq)
 

@@ -81,7 +81,7 @@ class _Flight:
     replica_id: str
     prefill: float      # predicted uncached prompt tokens, counted as queued until the first token
     kv: float           # KV tokens it will hold (prompt + expected output)
-    stall_key: float    # its key among the replica's stall keys (predict.pushed_out)
+    stall_key: float | None   # its key among the replica's stall keys (predict.pushed_out); None: no length known
     blocks: PrefixBlocks | None = None   # its prefix blocks, pinned in the index until it completes
     started: bool = False
     plan_tpot_s: float = 0.0   # the TPOT its stall budget was planned to (on_tpot compares)
@@ -471,11 +471,20 @@ class TidegatePolicy:
             scale = 1.0 / self._share
             own.stalled_s += placed * scale
             decoding = own.decoding * scale
-        # What it can absorb from prefills placed after it before its TPOT misses the target.
-        slack = self._tpot_slo_s - rates.step_s(decoding + 1)
-        key = own.stalled_s + max(0.0, slack) * max(0.0, out - 1.0)
-        bisect.insort(own.stall_keys, key)
-        own.merged = None
+        # What it can absorb from prefills placed after it before its TPOT misses the target: only
+        # for a request that says how long it may write (max_tokens). Without it the budget would
+        # come from the mean output, which is wrong for most sequences where outputs spread from
+        # a few tokens to hundreds (Mooncake: p10 4, median 69, mean 149), and a wrong count
+        # steers every later pick there. Left out of the count instead, SLO capacity without
+        # max_tokens (--hide-max-tokens, 16 x H100, seed 0): Azure code 78.1 -> 79.4, conversation
+        # 300.1 -> 315.2, Mooncake 44.5 -> 47.5 (4 routers 43.8 -> 47.5); with admission code
+        # 271.6 -> 285.3, Mooncake 46.7 -> 49.9 (docs/BENCHMARKS.md, "Requests without max_tokens").
+        key: float | None = None
+        if request.max_tokens:
+            slack = self._tpot_slo_s - rates.step_s(decoding + 1)
+            key = own.stalled_s + max(0.0, slack) * max(0.0, out - 1.0)
+            bisect.insort(own.stall_keys, key)
+            own.merged = None
         self._flights[self._key(request, replica_id)] = _Flight(replica_id, prefill, kv, key, blocks,
                                                                 plan_tpot_s=self._tpot_slo_s)
         # Bounded by the replica's KV capacity, as its prefix cache is, and resident while it runs.
@@ -636,9 +645,10 @@ class TidegatePolicy:
                 done = self._released.setdefault(replica_id, [])
                 if len(done) < MAX_LEARNED_KEYS:
                     done.extend(f.blocks.keys)
-        i = bisect.bisect_left(own.stall_keys, f.stall_key)
-        if i < len(own.stall_keys) and own.stall_keys[i] == f.stall_key:
-            del own.stall_keys[i]
-            own.merged = None
+        if f.stall_key is not None:
+            i = bisect.bisect_left(own.stall_keys, f.stall_key)
+            if i < len(own.stall_keys) and own.stall_keys[i] == f.stall_key:
+                del own.stall_keys[i]
+                own.merged = None
         if own.waiting == 0 and own.decoding == 0 and not own.peer_keys:
             del self._own[replica_id]  # nothing left: no float drift carried forward
