@@ -128,6 +128,10 @@ class SimulateConfig(ConfigBase, AdmissionFields):
     hide_max_tokens: bool = Field(False, description="Send requests without max_tokens (the replay otherwise sets "
                                                      "it to the true output length, which flatters policies that "
                                                      "read it).")
+    hide_max_tokens_share: float = Field(0.0, ge=0.0, le=1.0,
+                                         description="Send this share of the requests (chosen by --seed) without "
+                                                     "max_tokens, as from a fleet where only some clients set it "
+                                                     "(--hide-max-tokens: all of them).")
     find_capacity: bool = Field(False, description="Per policy and router count, search the highest offered rate "
                                                    "meeting --attainment (adds 'capacity' to the JSON).")
     attainment: float = Field(0.95, gt=0, le=1, description="Target SLO attainment of --find-capacity.")
@@ -310,7 +314,7 @@ def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
                          lag_windows=cfg.rate_lag_windows),
                      budgets=BudgetConfig() if admission is not None and cfg.admission_budgets else None,
                      replica_ids=cfg.replica_ids,
-                     hide_max_tokens=cfg.hide_max_tokens)
+                     hide_max_tokens=cfg.hide_max_tokens, hide_max_tokens_share=cfg.hide_max_tokens_share)
 
 
 def simulate_once(profiles: Sequence[Profile], policy: str, reqs: Sequence[workload.SimRequest], sim_cfg: SimConfig,

@@ -133,6 +133,9 @@ class SimConfig:
     # Requests carry no max_tokens (as from clients that set no cap): the replay's max_tokens is
     # otherwise the true output length, which no real client knows in advance.
     hide_max_tokens: bool = False
+    # Or only this share of them, chosen by the seed and each request's id (a fleet where some
+    # clients send max_tokens and others do not).
+    hide_max_tokens_share: float = 0.0
     # Stop as soon as more than `stop_after_misses` requests are known to miss the SLOs
     # (stop_slo = (ttft_s, tpot_s)): the SLO-capacity search only needs to know that a rate fails.
     stop_after_misses: int | None = None
@@ -165,6 +168,8 @@ class SimConfig:
                              f"not {self.peer_interval_s!r}")
         if not self.wake_s > 0:
             raise ValueError("wake_s must be positive")
+        if not 0.0 <= self.hide_max_tokens_share <= 1.0:
+            raise ValueError("hide_max_tokens_share must be in [0, 1]")
         if self.router_spread not in ROUTER_SPREADS:
             raise ValueError(f"router_spread must be one of {', '.join(ROUTER_SPREADS)}")
         if len(set(self.replica_ids)) != len(self.replica_ids) or not all(self.replica_ids):
@@ -294,6 +299,7 @@ class Simulation:
         if not profiles:
             raise ValueError("need at least one replica")
         self.cfg = cfg or SimConfig()
+        self._seed = seed
         policies = list(policy) if isinstance(policy, Sequence) else [policy]
         if len(policies) != self.cfg.routers:
             raise ValueError(f"need one policy instance per router ({self.cfg.routers}), got {len(policies)}")
@@ -518,9 +524,15 @@ class Simulation:
         elif kind == "preempted":
             rec.preemptions += 1
 
+    def _hides_max_tokens(self, req: SimRequest) -> bool:
+        share = 1.0 if self.cfg.hide_max_tokens else self.cfg.hide_max_tokens_share
+        if share <= 0.0 or share >= 1.0:
+            return share >= 1.0
+        return zlib.crc32(f"hide/{self._seed}/{req.req_id}".encode()) < share * 2**32
+
     def _arrive(self, req: SimRequest) -> None:
         features = RequestFeatures(prompt_tokens=req.prompt_tokens,
-                                   max_tokens=None if self.cfg.hide_max_tokens else req.output_tokens,
+                                   max_tokens=None if self._hides_max_tokens(req) else req.output_tokens,
                                    prefix_hashes=req.prefix_hashes, priority=req.priority, req_id=req.req_id,
                                    true_output_tokens=req.output_tokens)
         rec = RequestRecord(req)

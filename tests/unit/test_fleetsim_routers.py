@@ -105,6 +105,26 @@ def test_hide_max_tokens_sends_requests_without_the_true_output_length(hide, wan
     assert all(r.finish_s is not None for r in res.records)
 
 
+@pytest.mark.parametrize("share", [0.0, 0.25, 0.5, 1.0])
+def test_a_share_of_the_requests_comes_without_max_tokens_chosen_by_the_seed(share):
+    def hidden(seed: int) -> list[int]:
+        pol = FakeFirstPick()
+        Simulation([H100], [pol], reqs_with_sessions(400), SimConfig(hide_max_tokens_share=share), seed=seed).run()
+        assert set(pol.max_tokens) <= {None, 20}
+        return [i for i, m in enumerate(pol.max_tokens) if m is None]
+
+    first = hidden(0)
+    assert len(first) == pytest.approx(400 * share, abs=30)
+    assert hidden(0) == first                       # the same requests for the same seed
+    if 0.0 < share < 1.0:
+        assert hidden(1) != first                   # others for another
+
+
+def test_hide_max_tokens_share_must_be_a_share():
+    with pytest.raises(ValueError, match="hide_max_tokens_share"):
+        SimConfig(hide_max_tokens_share=1.5)
+
+
 def test_hash_spread_keeps_a_session_on_one_router():
     pols = [FakeFirstPick() for _ in range(3)]
     res = Simulation([H100] * 2, pols, reqs_with_sessions(sessions=5), SimConfig(routers=3, router_spread="hash")).run()
