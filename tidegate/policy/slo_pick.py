@@ -81,8 +81,9 @@ class _Flight:
     replica_id: str
     prefill: float      # predicted uncached prompt tokens, counted as queued until the first token
     kv: float           # KV tokens it will hold (prompt + expected output)
-    stall_key: float | None   # its key among the replica's stall keys (predict.pushed_out); None: no length known
+    stall_key: float    # its key among the replica's stall keys (predict.pushed_out)
     blocks: PrefixBlocks | None = None   # its prefix blocks, pinned in the index until it completes
+    guessed: bool = False   # its key is among the guessed ones (no max_tokens: see on_dispatch)
     started: bool = False
     plan_tpot_s: float = 0.0   # the TPOT its stall budget was planned to (on_tpot compares)
 
@@ -99,6 +100,9 @@ class _Own:
     # and each request's stall key, sorted (predict.pushed_out).
     stalled_s: float = 0.0
     stall_keys: list[float] = field(default_factory=list)
+    # The keys of requests without max_tokens, from the mean output (on_dispatch): admission's
+    # open rule counts them, the pick's cost and the peers' reports do not.
+    guess_keys: list[float] = field(default_factory=list)
     # Peers' sequences there: their stall budgets as keys on our counter (on_peer_load), per peer,
     # and every key there sorted (ours and theirs; None = to rebuild).
     peer_keys: dict[str, list[float]] = field(default_factory=dict)
@@ -345,6 +349,12 @@ class TidegatePolicy:
                     pushed = (bisect_right(keys, stalled + stall) - bisect_right(keys, stalled)) * per_key
                     cost += pushed
             if full:
+                guesses = own.guess_keys
+                if guesses:
+                    stall = u / tps
+                    if not stall <= 0:
+                        stalled = own.stalled_s
+                        pushed += (bisect_right(guesses, stalled + stall) - bisect_right(guesses, stalled)) * per_key
                 budget = (tpot_slo - step_joined) * tps    # prefill_budget(rates, batch + 1, tpot_slo)
                 if not budget > 0.0:
                     budget = 0.0
@@ -471,22 +481,25 @@ class TidegatePolicy:
             scale = 1.0 / self._share
             own.stalled_s += placed * scale
             decoding = own.decoding * scale
-        # What it can absorb from prefills placed after it before its TPOT misses the target: only
-        # for a request that says how long it may write (max_tokens). Without it the budget would
-        # come from the mean output, which is wrong for most sequences where outputs spread from
-        # a few tokens to hundreds (Mooncake: p10 4, median 69, mean 149), and a wrong count
-        # steers every later pick there. Left out of the count instead, SLO capacity without
-        # max_tokens (--hide-max-tokens, 16 x H100, seed 0): Azure code 78.1 -> 79.4, conversation
-        # 300.1 -> 315.2, Mooncake 44.5 -> 47.5 (4 routers 43.8 -> 47.5); with admission code
-        # 271.6 -> 285.3, Mooncake 46.7 -> 49.9 (docs/BENCHMARKS.md, "Requests without max_tokens").
-        key: float | None = None
-        if request.max_tokens:
-            slack = self._tpot_slo_s - rates.step_s(decoding + 1)
-            key = own.stalled_s + max(0.0, slack) * max(0.0, out - 1.0)
+        # What it can absorb from prefills placed after it before its TPOT misses the target.
+        slack = self._tpot_slo_s - rates.step_s(decoding + 1)
+        key = own.stalled_s + max(0.0, slack) * max(0.0, out - 1.0)
+        # A request without max_tokens has the mean output as its length, wrong for most
+        # sequences where outputs spread from a few tokens to hundreds (Mooncake: p10 4, median
+        # 69, mean 149). In the pick's cost such keys did worse than none (SLO capacity with
+        # --hide-max-tokens, 16 x H100, seed 0: Azure code 78.1 -> 79.4, conversation 300.1 ->
+        # 315.2, Mooncake 44.5 -> 47.5), so the cost counts only keys of known lengths. Admission's
+        # open rule still counts them: without them, replicas over their prefill budget opened to
+        # long prompts beside short answers nobody counted (Mooncake at 1.5x capacity, no
+        # max_tokens: critical 90.7 -> 67.7 %). docs/BENCHMARKS.md, "Requests without max_tokens".
+        guessed = not request.max_tokens
+        if guessed:
+            bisect.insort(own.guess_keys, key)
+        else:
             bisect.insort(own.stall_keys, key)
             own.merged = None
         self._flights[self._key(request, replica_id)] = _Flight(replica_id, prefill, kv, key, blocks,
-                                                                plan_tpot_s=self._tpot_slo_s)
+                                                                plan_tpot_s=self._tpot_slo_s, guessed=guessed)
         # Bounded by the replica's KV capacity, as its prefix cache is, and resident while it runs.
         self._index.learn(replica_id, blocks, self._capacity.get(replica_id, 0.0), pin=True)
         # Peers get every block it uses there, not only those new to this index: a block reused is
@@ -645,10 +658,11 @@ class TidegatePolicy:
                 done = self._released.setdefault(replica_id, [])
                 if len(done) < MAX_LEARNED_KEYS:
                     done.extend(f.blocks.keys)
-        if f.stall_key is not None:
-            i = bisect.bisect_left(own.stall_keys, f.stall_key)
-            if i < len(own.stall_keys) and own.stall_keys[i] == f.stall_key:
-                del own.stall_keys[i]
+        keys = own.guess_keys if f.guessed else own.stall_keys
+        i = bisect.bisect_left(keys, f.stall_key)
+        if i < len(keys) and keys[i] == f.stall_key:
+            del keys[i]
+            if not f.guessed:
                 own.merged = None
         if own.waiting == 0 and own.decoding == 0 and not own.peer_keys:
             del self._own[replica_id]  # nothing left: no float drift carried forward
