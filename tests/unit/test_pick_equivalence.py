@@ -145,6 +145,13 @@ def ref_predictions(pol: TidegatePolicy, snap: PoolSnapshot, request: RequestFea
             load = ReplicaLoad(queued * scale, decoding * scale, kv_used, cap, keys, stalled, scale)
         pred = ref_predict(x.replica_id, load, rates[x.replica_id], request.prompt_tokens,
                            ref_cached_tokens(pol, x.replica_id, request), out, remaining, slo.ttft_s, slo.tpot_s)
+        guesses = own.guess_keys if own is not None else []
+        if guesses:
+            # Requests without max_tokens: their keys count in pushed_out (admission's open rule),
+            # not in the cost.
+            stall = pred.prefill_tokens / rates[x.replica_id].prefill_tps
+            n = bisect.bisect_right(guesses, stalled + stall) - bisect.bisect_right(guesses, stalled)
+            pred = dataclasses.replace(pred, pushed_out=pred.pushed_out + n * load.per_key)
         if pol._peers and pol._router_id is not None:
             # With peers, a prompt over the budget may go alone only to the replicas it owns.
             pred = dataclasses.replace(pred, sole=x.replica_id in ref_owned(pol, snap))
