@@ -247,6 +247,33 @@ def parse_duration(text: str, bare_unit: str) -> float:
     return v / 1000.0 if unit == "ms" else v
 
 
+# The setup of docs/BENCHMARKS.md, "Admission and overload" (issue 9's overload tables), which the
+# diagnosis scripts explaining those tables replay (scripts/admission_breakdown.py,
+# scripts/peer_view_probe.py): 16 x llama3-8b-h100, `tidegate` with admission, this class mix.
+OVERLOAD_CLASS_MIX = "critical=0.2,standard=0.5,sheddable=0.3"
+
+
+def overload_parser(description: str) -> argparse.ArgumentParser:
+    """The flags of one overload run (see overload_config); a script adds its own."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--load", type=float, required=True)
+    ap.add_argument("--routers", type=int, default=1)
+    ap.add_argument("--peer-ms", type=float, default=50.0)
+    ap.add_argument("--propagation-ms", type=float, default=5.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--slo-ttft", default="2s")
+    return ap
+
+
+def overload_config(args: argparse.Namespace, **fields: Any) -> SimulateConfig:
+    """One overload run from overload_parser's flags; `fields` set the rest (e.g. admission_decide)."""
+    return SimulateConfig(trace=args.trace, replicas=16, profile=("llama3-8b-h100",), policy=("tidegate",),
+                          admission=True, class_mix=OVERLOAD_CLASS_MIX, load=(args.load,), routers=(args.routers,),
+                          peer_ms=args.peer_ms, propagation_ms=args.propagation_ms, seed=args.seed,
+                          slo_ttft=args.slo_ttft, **fields)
+
+
 def fleet_profiles(specs: Sequence[str], replicas: int | None) -> list[Profile]:
     """One profile per replica from NAME / NAME:COUNT specs."""
     specs = list(specs) or [DEFAULT_PROFILE]

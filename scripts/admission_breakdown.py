@@ -12,7 +12,6 @@ Always 16 x llama3-8b-h100, policy tidegate, class mix critical=0.2,standard=0.5
 
 from __future__ import annotations
 
-import argparse
 import collections
 import sys
 
@@ -52,20 +51,10 @@ def breakdown(cfg: fm.SimulateConfig) -> dict[str, collections.Counter]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", required=True)
-    ap.add_argument("--load", type=float, required=True)
-    ap.add_argument("--routers", type=int, default=1)
-    ap.add_argument("--peer-ms", type=float, default=50.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--slo-ttft", default="2s")
+    ap = fm.overload_parser(__doc__.splitlines()[0])
     ap.add_argument("--decide", default="off", help="as simulate's --admission-decide (e.g. 50ms; default off)")
     a = ap.parse_args()
-    cfg = fm.SimulateConfig(trace=a.trace, replicas=16, profile=["llama3-8b-h100"], policy=["tidegate"],
-                            admission=True, class_mix="critical=0.2,standard=0.5,sheddable=0.3", load=[a.load],
-                            routers=[a.routers], peer_ms=a.peer_ms, seed=a.seed, slo_ttft=a.slo_ttft,
-                            admission_decide=a.decide)
-    out = breakdown(cfg)
+    out = breakdown(fm.overload_config(a, admission_decide=a.decide))
     for cls in CLASSES:
         total = sum(out[cls].values())
         print(f"{cls} ({total}): " + ", ".join(f"{k} {v}" for k, v in sorted(out[cls].items())))

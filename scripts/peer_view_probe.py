@@ -18,7 +18,6 @@ and overload"). A probe, not a benchmark: it wraps the policy's on_dispatch hook
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from collections import defaultdict
@@ -27,8 +26,6 @@ from typing import Any
 from tidegate.fleetsim import main as fm
 from tidegate.policy import slo_pick
 from tidegate.policy.peer_load import NO_PEER_LOAD
-
-CLASS_MIX = "critical=0.2,standard=0.5,sheddable=0.3"
 
 
 def probe(cfg: fm.SimulateConfig, window_s: float = 5.0) -> dict[str, Any]:
@@ -105,20 +102,10 @@ def probe(cfg: fm.SimulateConfig, window_s: float = 5.0) -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", required=True)
-    ap.add_argument("--load", type=float, required=True)
-    ap.add_argument("--routers", type=int, default=1)
-    ap.add_argument("--peer-ms", type=float, default=50.0)
-    ap.add_argument("--propagation-ms", type=float, default=5.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--slo-ttft", default="2s")
+    ap = fm.overload_parser(__doc__.splitlines()[0])
     ap.add_argument("--window-s", type=float, default=5.0)
     a = ap.parse_args()
-    cfg = fm.SimulateConfig(trace=a.trace, replicas=16, profile=["llama3-8b-h100"], policy=["tidegate"],
-                            admission=True, class_mix=CLASS_MIX, load=[a.load], routers=[a.routers],
-                            peer_ms=a.peer_ms, propagation_ms=a.propagation_ms, seed=a.seed, slo_ttft=a.slo_ttft)
-    out = probe(cfg, a.window_s)
+    out = probe(fm.overload_config(a), a.window_s)
     e, p, t = out["outstanding_error_tokens"], out["peers_outstanding_tokens"], out["prefill_tokens"]
     print(f"dispatches {out['dispatches']}")
     print(f"outstanding prefill on the chosen replica, real - counted: p5 {e['p5']:.0f}  p50 {e['p50']:.0f}  "

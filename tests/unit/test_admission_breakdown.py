@@ -28,7 +28,7 @@ def _cfg(decide: str) -> fm.SimulateConfig:
     # finds it cannot serve in time.
     return fm.SimulateConfig(workload="gamma", burstiness=4.0, rate=60.0, requests=REQUESTS, prompt_mean=3000,
                              output_mean=60, replicas=4, profile=["llama3-8b-h100"], policy=["tidegate"],
-                             admission=True, class_mix="critical=0.2,standard=0.5,sheddable=0.3", load=[2.0],
+                             admission=True, class_mix=fm.OVERLOAD_CLASS_MIX, load=[2.0],
                              seed=3, admission_decide=decide)
 
 

@@ -26,7 +26,7 @@ def _probe_module():
 def _cfg(routers: int) -> fm.SimulateConfig:
     return fm.SimulateConfig(workload="poisson", rate=60.0, requests=600, prompt_mean=3000, output_mean=60,
                              replicas=4, profile=["llama3-8b-h100"], policy=["tidegate"], admission=True,
-                             class_mix="critical=0.2,standard=0.5,sheddable=0.3", load=[1.3], routers=[routers],
+                             class_mix=fm.OVERLOAD_CLASS_MIX, load=[1.3], routers=[routers],
                              seed=3)
 
 

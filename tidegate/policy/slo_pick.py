@@ -50,7 +50,7 @@ from tidegate.policy.peer_load import (
     sum_peers,
 )
 from tidegate.policy.pick import Pick
-from tidegate.policy.predict import CHUNK_TOKENS, DEFAULT_RATES, Prediction, Rates, pool_rates
+from tidegate.policy.predict import CHUNK_TOKENS, DEFAULT_RATES, Prediction, Rates, pool_rates, pushed_out
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets, make_pick
 from tidegate.policy.tpot_plan import TpotPlan, TpotPlanConfig
 
@@ -349,12 +349,8 @@ class TidegatePolicy:
                     pushed = (bisect_right(keys, stalled + stall) - bisect_right(keys, stalled)) * per_key
                     cost += pushed
             if full:
-                guesses = own.guess_keys
-                if guesses:
-                    stall = u / tps
-                    if not stall <= 0:
-                        stalled = own.stalled_s
-                        pushed += (bisect_right(guesses, stalled + stall) - bisect_right(guesses, stalled)) * per_key
+                if own.guess_keys:   # admission's open rule counts the guessed keys too (on_dispatch)
+                    pushed += pushed_out(own.guess_keys, own.stalled_s, u / tps) * per_key
                 budget = (tpot_slo - step_joined) * tps    # prefill_budget(rates, batch + 1, tpot_slo)
                 if not budget > 0.0:
                     budget = 0.0
