@@ -52,7 +52,7 @@ from tidegate.fleet import capacity
 from tidegate.fleet.traces import TraceError
 from tidegate.fleetsim import capacity as saturation
 from tidegate.fleetsim import results, workload
-from tidegate.fleetsim.sim import ROUTER_SPREADS, SimConfig, Simulation, servable
+from tidegate.fleetsim.sim import ROUTER_SPREADS, SimConfig, Simulation, Slowdown, servable
 from tidegate.policy import registry
 from tidegate.policy.admission_budget import BudgetConfig
 from tidegate.policy.rates import RateEstimatorConfig
@@ -132,6 +132,10 @@ class SimulateConfig(ConfigBase, AdmissionFields):
                                          description="Send this share of the requests (chosen by --seed) without "
                                                      "max_tokens, as from a fleet where only some clients set it "
                                                      "(--hide-max-tokens: all of them).")
+    slow_replicas: str | None = Field(None, description="N:F[@T] -- the last N replicas run F times slower than "
+                                                        "their profile (every step's duration x F) from T s "
+                                                        "after the first arrival (default 0), as a throttled or "
+                                                        "degraded GPU would; only their telemetry says so.")
     find_capacity: bool = Field(False, description="Per policy and router count, search the highest offered rate "
                                                    "meeting --attainment (adds 'capacity' to the JSON).")
     attainment: float = Field(0.95, gt=0, le=1, description="Target SLO attainment of --find-capacity.")
@@ -295,6 +299,23 @@ def fleet_profiles(specs: Sequence[str], replicas: int | None) -> list[Profile]:
     return out
 
 
+def slowdowns(spec: str | None, replicas: int) -> tuple[Slowdown, ...]:
+    """`--slow-replicas N:F[@T]`: the last N of `replicas` run F times slower (F > 1), from T s after
+    the first arrival (default 0: from the start). None: none."""
+    if spec is None:
+        return ()
+    head, _, at = spec.partition("@")
+    count, sep, factor = head.partition(":")
+    try:
+        n, f, t = int(count), float(factor), float(at) if at else 0.0
+        if not sep or not 1 <= n <= replicas:
+            raise ValueError
+        return tuple(Slowdown(i, f, t) for i in range(replicas - n, replicas))
+    except ValueError:
+        raise ValueError(f"--slow-replicas {spec!r}: give N:F[@T] with 1 <= N <= {replicas} replicas, "
+                         "1 < F < 100 and T >= 0 seconds") from None
+
+
 def policy_names(specs: Sequence[str]) -> list[str]:
     names = list(specs) or ["tidegate"]
     if "all" in names:
@@ -341,7 +362,8 @@ def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
                          lag_windows=cfg.rate_lag_windows),
                      budgets=BudgetConfig() if admission is not None and cfg.admission_budgets else None,
                      replica_ids=cfg.replica_ids,
-                     hide_max_tokens=cfg.hide_max_tokens, hide_max_tokens_share=cfg.hide_max_tokens_share)
+                     hide_max_tokens=cfg.hide_max_tokens, hide_max_tokens_share=cfg.hide_max_tokens_share,
+                     slowdowns=slowdowns(cfg.slow_replicas, len(fleet_profiles(cfg.profile, cfg.replicas))))
 
 
 def simulate_once(profiles: Sequence[Profile], policy: str, reqs: Sequence[workload.SimRequest], sim_cfg: SimConfig,
@@ -520,6 +542,7 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(cfg.log_level, cfg.log_json, process="simulate")
     try:
         profiles = fleet_profiles(cfg.profile, cfg.replicas)
+        slowdowns(cfg.slow_replicas, len(profiles))  # a bad spec fails here, before any run
         if cfg.replica_ids and len(cfg.replica_ids) != len(profiles):
             raise ValueError(f"--replica-ids names {len(cfg.replica_ids)} replicas, the fleet has {len(profiles)}")
         policies = policy_names(cfg.policy)

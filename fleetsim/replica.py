@@ -9,6 +9,7 @@ later call reaches that time, so no event is seen before it happens.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -35,6 +36,20 @@ class SimReplica:
         self.peak_kv = 0.0
         self._held: list[Event] = []
         self._native = use_engine_advance and callable(getattr(self.engine, "advance", None))
+        self._slow: tuple[float, Profile] | None = None  # (from when, the profile it runs at then)
+
+    def slow_down(self, at_s: float, factor: float) -> None:
+        """From `at_s` on, every step lasts `factor` times what the profile says (a degraded GPU).
+        A step already running at `at_s` ends at the old speed."""
+        slow = dataclasses.replace(self.profile, cost=self.profile.cost.scaled(factor))
+        if at_s <= self.t:
+            self._set_profile(slow)
+        else:
+            self._slow = (at_s, slow)
+
+    def _set_profile(self, profile: Profile) -> None:
+        self.profile = profile
+        self.engine.profile = profile
 
     @property
     def busy_s(self) -> float:
@@ -87,9 +102,15 @@ class SimReplica:
         return not self.engine.has_work()
 
     def advance(self, until_s: float) -> list[Event]:
+        events: list[Event] = []
+        if self._slow is not None and until_s > self._slow[0]:
+            at_s, slow = self._slow
+            self._slow = None
+            events = self.advance(at_s)
+            self._set_profile(slow)
         if self._native:
-            return self._advance_native(until_s)
-        return self._advance_steps(until_s)
+            return events + self._advance_native(until_s)
+        return events + self._advance_steps(until_s)
 
     def _advance_native(self, until_s: float) -> list[Event]:
         eng = self.engine

@@ -103,6 +103,20 @@ CLIENT_ERROR = "client_error"
 
 
 @dataclass(frozen=True)
+class Slowdown:
+    """Replica `replica` (its index) runs every step `factor` times slower from `from_s` seconds
+    after the first arrival (0: from the start)."""
+
+    replica: int
+    factor: float
+    from_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.replica < 0 or not (1.0 < self.factor < 100.0) or not (0.0 <= self.from_s < math.inf):
+            raise ValueError(f"slowdown {self!r}: need replica >= 0, 1 < factor < 100, 0 <= from_s < inf")
+
+
+@dataclass(frozen=True)
 class SimConfig:
     report_interval_s: float = 1.0
     tick_s: float = 0.5
@@ -154,6 +168,10 @@ class SimConfig:
     # prefix affinity hash them, so a comparison with a live fleet gives that fleet's ids.
     replica_ids: tuple[str, ...] = ()
     rates: RateEstimatorConfig | None = None  # the control plane's engine-rate fit (None: its default)
+    # Degraded replicas (a throttled GPU, a noisy neighbour): (replica index, from s after the first
+    # arrival, factor): from then on every step of that replica lasts `factor` times its profile's.
+    # Nothing tells the control plane or the routers but the replica's own telemetry.
+    slowdowns: tuple[Slowdown, ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.report_interval_s > 0 and self.tick_s > 0 and self.propagation_s >= 0 and self.warmup_s >= 0
@@ -174,6 +192,8 @@ class SimConfig:
             raise ValueError(f"router_spread must be one of {', '.join(ROUTER_SPREADS)}")
         if len(set(self.replica_ids)) != len(self.replica_ids) or not all(self.replica_ids):
             raise ValueError("replica_ids must be distinct and non-empty")
+        if len({d.replica for d in self.slowdowns}) != len(self.slowdowns):
+            raise ValueError("slowdowns: at most one per replica")
 
 
 @dataclass(slots=True)
@@ -317,6 +337,12 @@ class Simulation:
         self.replicas = [SimReplica(rid, p, random.Random(f"engine/{seed}/{i}"), self.now,
                                  use_engine_advance=self.cfg.engine_fast_path)
                          for i, (rid, p) in enumerate(zip(ids, profiles, strict=True))]
+        first = self.requests[0].arrival_s if self.requests else 0.0
+        for d in self.cfg.slowdowns:
+            if d.replica >= len(self.replicas):
+                raise ValueError(f"slowdown of replica {d.replica}: the fleet has {len(self.replicas)}")
+            rep = self.replicas[d.replica]
+            rep.slow_down(first + d.from_s if d.from_s > 0 else self.now, d.factor)
         self.agents = [SimAgent(r.replica_id, self.cfg.pool, self.cfg.window_s) for r in self.replicas]
         self.fleet = _fleet_state(self.cfg.weights, lambda: self.now, self.cfg.rates)
         self._heap: list[tuple[float, int, int, object]] = []

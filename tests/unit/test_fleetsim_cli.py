@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tidegate.fleetsim import main as simulate
+from tidegate.fleetsim.sim import Slowdown
 from tidegate.router.main import RouterConfig
 from tidegate.simulator.profiles import get_profile
 
@@ -87,6 +88,43 @@ def test_fleet_profiles():
             simulate.fleet_profiles(bad, None)
     with pytest.raises(ValueError, match="does not match"):
         simulate.fleet_profiles(["llama3-8b-h100:2"], 3)
+
+
+@pytest.mark.parametrize("spec, want", [
+    (None, ()),
+    ("2:2.5", (Slowdown(1, 2.5), Slowdown(2, 2.5))),
+    ("1:3@20", (Slowdown(2, 3.0, 20.0),)),
+    ("3:1.5@0", (Slowdown(0, 1.5), Slowdown(1, 1.5), Slowdown(2, 1.5))),
+])
+def test_slow_replicas_are_the_last_ones(spec, want):
+    assert simulate.slowdowns(spec, 3) == want
+
+
+@pytest.mark.parametrize("spec", ["2", "0:2", "4:2", "1:1", "1:0.5", "1:x", "x:2", "1:100", "1:2@-1", "1:2@x",
+                                  "1:2@inf"])
+def test_slow_replicas_refuses_what_it_cannot_mean(spec):
+    with pytest.raises(ValueError, match="--slow-replicas"):
+        simulate.slowdowns(spec, 3)
+
+
+def test_slow_replicas_flag_reaches_the_fleet(tmp_path):
+    from tidegate.cli.main import main
+
+    args = ["simulate", "--requests", "300", "--rate", "40", "--replicas", "2", "--policy", "round_robin",
+            "--log-level", "warning", "--json"]
+    assert main([*args, str(tmp_path / "healthy.json")]) == 0
+    assert main([*args, str(tmp_path / "slow.json"), "--slow-replicas", "1:3"]) == 0
+
+    def busy_s(name: str) -> list[float]:
+        run = json.loads((tmp_path / f"{name}.json").read_text())["runs"][0]
+        return [r["utilisation"] * run["makespan_s"] for r in run["replicas"]]
+
+    healthy, slow = busy_s("healthy"), busy_s("slow")
+    # round_robin splits the requests alike; only the slowed replica spends longer on its share
+    assert slow[0] == pytest.approx(healthy[0], rel=0.1)
+    assert slow[1] > 2 * healthy[1]
+    assert main(["simulate", "--requests", "5", "--replicas", "3", "--slow-replicas", "4:2",
+                 "--log-level", "warning"]) == 2
 
 
 def test_plot_without_matplotlib_says_what_to_install(monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from tidegate.agent.histograms import HistogramWindow
 from tidegate.fleetsim import results, workload
 from tidegate.fleetsim.agent import CumulativeHistogram, RollingWindow
-from tidegate.fleetsim.sim import SimConfig, Simulation
+from tidegate.fleetsim.sim import SimConfig, Simulation, Slowdown
 from tidegate.policy import registry
 from tidegate.policy.admission import AdmissionConfig
 from tidegate.policy.registry import RouteInfo
@@ -221,3 +222,32 @@ def test_transport_hops_add_to_ttft_not_tpot():
 def test_negative_hop_is_rejected():
     with pytest.raises(ValueError, match="hop_s"):
         SimConfig(hop_s=-0.001)
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_slowdown_applies_from_its_onset_to_its_replica_only(fast_path):
+    reqs = small_workload(n=160, rate=8.0)  # ~20 s of arrivals
+    onset = 10.0
+    cfg = SimConfig(engine_fast_path=fast_path)
+    healthy = run("round_robin", reqs=reqs, profiles=[H100] * 2, cfg=cfg)
+    slowed = run("round_robin", reqs=reqs, profiles=[H100] * 2,
+                 cfg=dataclasses.replace(cfg, slowdowns=(Slowdown(1, 3.0, onset),)))
+    first = min(r.arrival_s for r in reqs)
+
+    def tpot(res, replica: str, after: bool) -> list[float]:
+        return [r.tpot_s for r in res.records if r.replica == replica and r.tpot_s is not None
+                and (r.first_token_s - first > onset + 1 if after else r.finish_s - first < onset)]
+
+    assert tpot(slowed, "replica-00", True) == tpot(healthy, "replica-00", True)  # round_robin: same requests
+    assert tpot(slowed, "replica-01", False) == tpot(healthy, "replica-01", False)  # before the onset
+    late_h, late_s = tpot(healthy, "replica-01", True), tpot(slowed, "replica-01", True)
+    assert late_h and sum(late_s) / len(late_s) > 2.5 * sum(late_h) / len(late_h)
+
+
+def test_a_slowdown_must_name_a_replica_of_the_fleet():
+    with pytest.raises(ValueError, match="fleet has 2"):
+        run(profiles=[H100] * 2, cfg=SimConfig(slowdowns=(Slowdown(2, 2.0),)))
+    with pytest.raises(ValueError, match="at most one per replica"):
+        SimConfig(slowdowns=(Slowdown(0, 2.0), Slowdown(0, 3.0, 5.0)))
+    with pytest.raises(ValueError, match="factor"):
+        Slowdown(0, 1.0)
