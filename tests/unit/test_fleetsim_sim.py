@@ -251,3 +251,24 @@ def test_a_slowdown_must_name_a_replica_of_the_fleet():
         SimConfig(slowdowns=(Slowdown(0, 2.0), Slowdown(0, 3.0, 5.0)))
     with pytest.raises(ValueError, match="factor"):
         Slowdown(0, 1.0)
+
+
+def test_tidegate_learns_a_replica_slowed_mid_run_from_its_telemetry_and_steers_around_it():
+    # 1.8x: below outlier ejection's 3x latency factor, so only the learned rates can tell.
+    spec = workload.SyntheticSpec(arrivals="poisson", rate_rps=12.0, requests=480, prompt_mean=1500,
+                                  output_mean=120, max_prompt=6000, max_output=600)
+    reqs = workload.synthetic(spec, 3)
+    first = reqs[0].arrival_s
+    cfg = SimConfig(slowdowns=(Slowdown(3, 1.8, 10.0),))
+    sent: dict[str, float] = {}
+    for policy in ("tidegate", "least_request"):
+        sim = Simulation([H100] * 4, registry.create(policy), reqs, cfg, seed=0)
+        res = sim.run()
+        late = [r.replica for r in res.records if r.req.arrival_s - first > 20]
+        sent[policy] = late.count("replica-03") / len(late)
+        if policy == "tidegate":
+            rates = {e.replica_id: e.prefill_tokens_per_s for e in sim.routers[0].table}
+            assert all(0 < rates["replica-03"] < 0.7 * rates[f"replica-0{i}"] for i in range(3)), rates
+            assert all(e.weight > 0 for e in sim.routers[0].table)  # not ejected: routed around
+    assert sent["least_request"] > 0.1
+    assert sent["tidegate"] < sent["least_request"] / 2, sent
