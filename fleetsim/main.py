@@ -267,6 +267,8 @@ def overload_parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--propagation-ms", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--slo-ttft", default="2s")
+    ap.add_argument("--slow-replicas", default=None, metavar="N:F[@T]",
+                    help=SimulateConfig.model_fields["slow_replicas"].description)
     return ap
 
 
@@ -275,7 +277,7 @@ def overload_config(args: argparse.Namespace, **fields: Any) -> SimulateConfig:
     return SimulateConfig(trace=args.trace, replicas=16, profile=("llama3-8b-h100",), policy=("tidegate",),
                           admission=True, class_mix=OVERLOAD_CLASS_MIX, load=(args.load,), routers=(args.routers,),
                           peer_ms=args.peer_ms, propagation_ms=args.propagation_ms, seed=args.seed,
-                          slo_ttft=args.slo_ttft, **fields)
+                          slo_ttft=args.slo_ttft, slow_replicas=args.slow_replicas, **fields)
 
 
 def fleet_profiles(specs: Sequence[str], replicas: int | None) -> list[Profile]:

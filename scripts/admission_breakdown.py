@@ -4,7 +4,8 @@ arrival or after being held, then met the SLOs or missed TTFT / TPOT; or rejecte
 prediction (dispatched, then late) from admission's own (held, then rejected).
 
     .venv/bin/python scripts/admission_breakdown.py --trace ../shared/data/traces/AzureLLMInferenceTrace_code.csv \
-        --load 1.2942 --routers 4 --peer-ms 100 [--seed 0] [--slo-ttft 2s] [--decide 50ms]
+        --load 1.2942 --routers 4 --peer-ms 100 [--seed 0] [--slo-ttft 2s] [--decide 50ms] \
+        [--slow-replicas 4:2@15] [--per-replica]
 
 Always 16 x llama3-8b-h100, policy tidegate, class mix critical=0.2,standard=0.5,sheddable=0.3
 (the setup of docs/BENCHMARKS.md, "Admission and overload").
@@ -14,20 +15,47 @@ from __future__ import annotations
 
 import collections
 import sys
+from typing import Any
 
 from tidegate.fleetsim import main as fm
 from tidegate.policy.classes import CLASSES, class_of
+
+
+def run(cfg: fm.SimulateConfig) -> tuple[Any, float, float]:
+    """The run's SimResult and its SLOs (TTFT s, TPOT s)."""
+    runs: list = []
+    fm.run_matrix(cfg, fm.fleet_profiles(cfg.profile, cfg.replicas), ["tidegate"], fm.base_requests(cfg),
+                  on_run=lambda summary, result: runs.append((summary, result)))
+    summary, result = runs[0]
+    return result, summary["slo"]["ttft_ms"] / 1000.0, summary["slo"]["tpot_ms"] / 1000.0
 
 
 def breakdown(cfg: fm.SimulateConfig) -> dict[str, collections.Counter]:
     """Per class, how many requests took each path: "rejected REASON at arrival|late", or
     "direct|held, met|missed TTFT|missed TTFT (sent after its deadline)|missed TPOT". Client
     errors (prompts no replica can hold) are rejected by the router's validation, not by admission."""
-    runs: list = []
-    fm.run_matrix(cfg, fm.fleet_profiles(cfg.profile, cfg.replicas), ["tidegate"], fm.base_requests(cfg),
-                  on_run=lambda summary, result: runs.append((summary, result)))
-    summary, result = runs[0]
-    ttft_s, tpot_s = summary["slo"]["ttft_ms"] / 1000.0, summary["slo"]["tpot_ms"] / 1000.0
+    return paths(*run(cfg))
+
+
+def by_replica(result: Any, ttft_s: float, tpot_s: float) -> dict[str, collections.Counter]:
+    """Per replica, its served requests per class ("CLASS") and those that missed ("CLASS missed
+    TTFT" first, else "CLASS missed TPOT"): where misses concentrate (a degraded replica)."""
+    out: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for r in result.records:
+        if r.replica is None or r.rejected:
+            continue
+        cls = class_of(r.req.priority)
+        c = out[r.replica]
+        c[cls] += 1
+        if r.ttft_s is None or r.ttft_s > ttft_s:
+            c[f"{cls} missed TTFT"] += 1
+        elif r.tpot_s is not None and r.tpot_s > tpot_s:
+            c[f"{cls} missed TPOT"] += 1
+    return dict(sorted(out.items()))
+
+
+def paths(result: Any, ttft_s: float, tpot_s: float) -> dict[str, collections.Counter]:
+    """breakdown's split of one run's records."""
     out: dict[str, collections.Counter] = {c: collections.Counter() for c in CLASSES}
     for r in result.records:
         cls = class_of(r.req.priority)
@@ -53,11 +81,18 @@ def breakdown(cfg: fm.SimulateConfig) -> dict[str, collections.Counter]:
 def main() -> int:
     ap = fm.overload_parser(__doc__.splitlines()[0])
     ap.add_argument("--decide", default="off", help="as simulate's --admission-decide (e.g. 50ms; default off)")
+    ap.add_argument("--per-replica", action="store_true", help="also: per replica, served and missed per class")
     a = ap.parse_args()
-    out = breakdown(fm.overload_config(a, admission_decide=a.decide))
+    result, ttft_s, tpot_s = run(fm.overload_config(a, admission_decide=a.decide))
+    out = paths(result, ttft_s, tpot_s)
     for cls in CLASSES:
         total = sum(out[cls].values())
         print(f"{cls} ({total}): " + ", ".join(f"{k} {v}" for k, v in sorted(out[cls].items())))
+    if a.per_replica:
+        for replica, c in by_replica(result, ttft_s, tpot_s).items():
+            print(f"{replica}: " + ", ".join(
+                f"{cls} {c[cls]} (TTFT {c[cls + ' missed TTFT']}, TPOT {c[cls + ' missed TPOT']} missed)"
+                for cls in CLASSES if c[cls]))
     return 0
 
 

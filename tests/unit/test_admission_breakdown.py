@@ -15,12 +15,16 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "admission_breakdown.
 REQUESTS = 900
 
 
-def _breakdown():
+def _module():
     spec = importlib.util.spec_from_file_location("admission_breakdown", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.breakdown
+    return module
+
+
+def _breakdown():
+    return _module().breakdown
 
 
 def _cfg(decide: str) -> fm.SimulateConfig:
@@ -43,3 +47,22 @@ def test_every_request_has_one_path_and_committing_ends_late_deadline_rejections
         assert late_deadline > 0
     else:
         assert late_deadline == 0
+
+
+def test_per_replica_split_counts_every_served_request_once_and_finds_the_slowed_replica() -> None:
+    m = _module()
+    cfg = _cfg("off").model_copy(update={"slow_replicas": "1:3", "load": (1.0,)})
+    result, ttft_s, tpot_s = m.run(cfg)
+    paths, replicas = m.paths(result, ttft_s, tpot_s), m.by_replica(result, ttft_s, tpot_s)
+    served = {cls: sum(v for k, v in c.items() if not k.startswith("rejected")) for cls, c in paths.items()}
+    for cls, n in served.items():
+        assert sum(c[cls] for c in replicas.values()) == n
+        missed = sum(v for k, v in paths[cls].items() if "missed" in k and not k.startswith("rejected"))
+        assert sum(c[f"{cls} missed TTFT"] + c[f"{cls} missed TPOT"] for c in replicas.values()) == missed
+
+    def miss_share(replica: str) -> float:
+        c = replicas[replica]
+        return sum(v for k, v in c.items() if "missed" in k) / max(1, sum(v for k, v in c.items() if "missed" not in k))
+
+    # the last replica steps three times slower than its profile: its requests miss more often
+    assert miss_share("replica-03") > max(miss_share(f"replica-0{i}") for i in range(3))
