@@ -2,7 +2,9 @@
 
 What runs, and with which real code:
 
-- each replica is a `simulator.engine.Engine` (fleetsim.replica);
+- each replica is a `simulator.engine.Engine` (fleetsim.replica), at its profile's speed unless a
+  `Slowdown` (SimConfig.slowdowns) makes its steps longer from some time on: a degraded GPU that
+  only its own telemetry reveals;
 - each agent samples its engine every `report_interval_s` (phases spread at random over the
   first interval, like agents started at different times) and builds the same Report as the
   real agent (fleetsim.agent);
