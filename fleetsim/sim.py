@@ -89,6 +89,7 @@ from tidegate.policy.registry import (
     RequestFeatures,
     RouteInfo,
     SloTargets,
+    enforce_tpot_plan,
     notify,
     notify_output,
     notify_tpot,
@@ -363,6 +364,7 @@ class Simulation:
         for k, router in enumerate(self.routers):
             if self.cfg.admission is not None and callable(getattr(router.policy, "predictions", None)):
                 router.queue = adm.AdmissionQueue(self.cfg.admission)
+                enforce_tpot_plan(router.policy)
             # Its id as its peers' reports will name it (_peer_deliver), as the live router's
             # PeerLoadWatcher binds its own.
             bind = getattr(router.policy, "bind_router", None)

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tidegate.policy import admission as adm
 from tidegate.policy.admission_budget import Hold, RouterBudget, Tokens
-from tidegate.policy.registry import PoolSnapshot, RequestFeatures, SloTargets
+from tidegate.policy.registry import PoolSnapshot, RequestFeatures, SloTargets, enforce_tpot_plan
 from tidegate.router.parse import error_body
 
 REASON_HEADER = "x-tidegate-reject-reason"
@@ -135,6 +135,7 @@ class Gate:
         p = self._pools.get(name)
         if p is None or p.policy is not policy:
             p = self._pools[name] = _Pool(name, self.cfg, policy)
+            enforce_tpot_plan(policy)
             for peer, (report, at) in self._peer_held.get(name, {}).items():
                 p.queue.on_peer_held(peer, report, at)
         return p

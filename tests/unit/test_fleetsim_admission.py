@@ -254,3 +254,10 @@ def test_results_carry_each_routers_final_margins() -> None:
     assert any(m["ttft"] > 0 for m in summary["router_margins"])  # this overload runs late somewhere
     plain = results.summarize(run(None), policy="tidegate", load=None, slo_ttft_s=2.0, slo_tpot_s=0.1)
     assert "router_margins" not in plain
+
+
+def test_admission_enforces_the_policys_tpot_plan_from_the_first_request() -> None:
+    with_queue = sim(AdmissionConfig())
+    without = sim(None)
+    assert [r.policy.tpot_plan.enforced for r in with_queue.routers] == [True]
+    assert [r.policy.tpot_plan.enforced for r in without.routers] == [False]

@@ -248,3 +248,14 @@ async def test_first_tokens_teach_the_pool_its_ttft_margin() -> None:
     assert await admit(g, pol, "standard") == Rejected("deadline_unmeetable", 1)
     g.observe_ttft("other-pool", 0.2, 0.7)  # a pool without a queue here: nothing to learn
     g.close()
+
+
+async def test_the_gate_enforces_a_pools_tpot_plan_before_its_first_admission() -> None:
+    g, _, _ = gate()
+    pol = FakePolicy()
+    calls: list[int] = []
+    pol.enforce_tpot_plan = lambda: calls.append(1)  # type: ignore[attr-defined]
+    await admit(g, pol, "standard")
+    await admit(g, pol, "standard")
+    assert calls == [1]                               # once per policy instance
+    g.close()

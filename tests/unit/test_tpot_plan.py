@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidegate.policy import registry
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets
 from tidegate.policy.slo_pick import TidegatePolicy
 from tidegate.policy.tpot_plan import TpotPlan, TpotPlanConfig
@@ -149,3 +150,25 @@ def test_a_critical_request_is_planned_to_the_stricter_margin() -> None:
         req = RequestFeatures(prompt_tokens=500, max_tokens=50, req_id=f"p{priority}", priority=priority)
         budget = policy.predictions(snap, req)[0].prefill_budget
         assert budget == pytest.approx((0.1 / margin - step) * 10_000.0), priority
+
+
+def test_an_enforced_plan_starts_at_the_cap_until_its_error_is_measured() -> None:
+    plan = TpotPlan(SMALL)
+    assert (plan.margin, plan.critical_margin) == (1.0, 1.0)   # nobody enforces it: no margin
+    plan.enforce()
+    assert (plan.margin, plan.critical_margin) == (SMALL.max_margin, SMALL.max_margin)
+    for _ in range(SMALL.min_samples - 1):
+        plan.observe(0.055, 0.05)
+    assert plan.margin == SMALL.max_margin                     # not measured yet
+    plan.observe(0.055, 0.05)
+    assert plan.margin == pytest.approx(1.1) and plan.critical_margin == pytest.approx(1.1)
+    plan.enforce()                                             # once measured, the data decide
+    assert plan.margin == pytest.approx(1.1)
+
+
+def test_the_policy_plans_to_the_cap_only_where_its_router_enforces_the_plan() -> None:
+    plain, enforced = TidegatePolicy(), TidegatePolicy()
+    registry.enforce_tpot_plan(enforced)
+    registry.enforce_tpot_plan(object())                       # a policy without a plan: ignored
+    assert plain.tpot_margin == 1.0
+    assert enforced.tpot_margin == TpotPlanConfig().max_margin

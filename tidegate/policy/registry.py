@@ -152,6 +152,14 @@ def notify_output(policy: object, request: RequestFeatures, replica_id: str, out
         fn(request, replica_id, output_tokens)
 
 
+def enforce_tpot_plan(policy: object) -> None:
+    """Tell a policy with a TPOT plan that its router enforces it (admission applies to it); the
+    router calls it once per policy instance, before the first request it admits."""
+    fn = getattr(policy, "enforce_tpot_plan", None)
+    if fn is not None:
+        fn()
+
+
 def notify_tpot(policy: object, request: RequestFeatures, replica_id: str, tpot_s: float) -> None:
     """Tell a policy that has `on_tpot` a finished request's realized TPOT (before on_complete).
     Only routers that enforce the policy's TPOT plan (admission) call it (tpot_plan.py)."""

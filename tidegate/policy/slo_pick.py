@@ -627,6 +627,10 @@ class TidegatePolicy:
         """What the TPOT target is divided by when planning (1: no margin; tpot_plan.py)."""
         return self._tpot_plan.margin
 
+    def enforce_tpot_plan(self) -> None:
+        """The router enforces this policy's TPOT plan (admission): see TpotPlan.enforce."""
+        self._tpot_plan.enforce()
+
     def on_tpot(self, request: RequestFeatures, replica_id: str, tpot_s: float) -> None:
         """A request's realized TPOT (seconds per output token after the first), reported by a
         router that enforces the plan (admission) before on_complete; ignored for a request this
