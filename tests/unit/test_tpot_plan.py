@@ -172,3 +172,20 @@ def test_the_policy_plans_to_the_cap_only_where_its_router_enforces_the_plan() -
     registry.enforce_tpot_plan(object())                       # a policy without a plan: ignored
     assert plain.tpot_margin == 1.0
     assert enforced.tpot_margin == TpotPlanConfig().max_margin
+
+
+def test_an_enforced_plan_that_is_never_measured_stops_at_the_cap_after_min_samples_requests() -> None:
+    # A live router measures TPOT only on streamed answers with usage: without them, the cap must
+    # not stand for good.
+    plan = TpotPlan(SMALL)
+    plan.enforce()
+    for _ in range(SMALL.min_samples - 1):
+        plan.completed()
+    assert plan.margin == SMALL.max_margin
+    plan.completed()
+    assert (plan.margin, plan.critical_margin) == (1.0, 1.0)
+    plan.enforce()                                             # a later enforce changes nothing
+    assert plan.margin == 1.0
+    for _ in range(SMALL.min_samples):
+        plan.observe(0.06, 0.05)
+    assert plan.margin == pytest.approx(1.2)                   # measured: the data decide

@@ -643,6 +643,7 @@ class TidegatePolicy:
         f = self._flights.pop(self._key(request, replica_id), None)
         if f is None:
             return
+        self._tpot_plan.completed()
         own = self._own[replica_id]
         before = own.waiting + own.decoding
         if f.started:

@@ -66,16 +66,28 @@ class TpotPlan:
         self.margin = 1.0
         self.critical_margin = 1.0
         self.enforced = False
+        self._completed = 0
 
     def enforce(self) -> None:
-        """A router enforces the plan (admission): until `min_samples` realized TPOTs are in, plan
-        to the cap. With no measure of the plan's error yet, the worst the margin allows is the
-        safe side (as DEFAULT_RATES are slower than real engines); the first seconds of a router
-        otherwise planned to the target exactly, and their misses were most of critical's
-        (Mooncake at 1.5x capacity, one router: critical 98.8 -> 99.5 %)."""
+        """A router enforces the plan (admission): for its first `min_samples` requests, until as
+        many realized TPOTs are in, plan to the cap. With no measure of the plan's error yet, the
+        worst the margin allows is the safe side (as DEFAULT_RATES are slower than real engines);
+        the first seconds of a router otherwise planned to the target exactly, and their misses
+        were most of critical's (Mooncake at 1.5x capacity, one router: critical 98.8 -> 99.5 %).
+        Bounded by completions, not only by measurements: a live router measures TPOT only on
+        streamed answers with usage, and clients that never ask for it must not leave it
+        planning to the cap for good (`completed`)."""
         self.enforced = True
-        if len(self._errors) < self.cfg.min_samples:
+        if len(self._errors) < self.cfg.min_samples and self._completed < self.cfg.min_samples:
             self.margin = self.critical_margin = self.cfg.max_margin
+
+    def completed(self) -> None:
+        """A request placed under the plan finished, with a realized TPOT or without one. After
+        `min_samples` of them with fewer measurements, the cap no longer stands in: margin 1 until
+        measured (what nothing measurable can tell better)."""
+        self._completed += 1
+        if self._completed == self.cfg.min_samples and len(self._errors) < self.cfg.min_samples:
+            self.margin = self.critical_margin = 1.0
 
     def margin_for(self, priority: int) -> float:
         """The margin a request of this priority is planned with (`critical_margin` for critical)."""
