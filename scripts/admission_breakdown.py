@@ -37,6 +37,15 @@ def breakdown(cfg: fm.SimulateConfig) -> dict[str, collections.Counter]:
     return paths(*run(cfg))
 
 
+def missed(r: Any, ttft_s: float, tpot_s: float) -> str | None:
+    """Which SLO a served request missed: "TTFT" (checked first), "TPOT", or None (met)."""
+    if r.ttft_s is None or r.ttft_s > ttft_s:
+        return "TTFT"
+    if r.tpot_s is not None and r.tpot_s > tpot_s:
+        return "TPOT"
+    return None
+
+
 def by_replica(result: Any, ttft_s: float, tpot_s: float) -> dict[str, collections.Counter]:
     """Per replica, its served requests per class ("CLASS") and those that missed ("CLASS missed
     TTFT" first, else "CLASS missed TPOT"): where misses concentrate (a degraded replica)."""
@@ -47,10 +56,9 @@ def by_replica(result: Any, ttft_s: float, tpot_s: float) -> dict[str, collectio
         cls = class_of(r.req.priority)
         c = out[r.replica]
         c[cls] += 1
-        if r.ttft_s is None or r.ttft_s > ttft_s:
-            c[f"{cls} missed TTFT"] += 1
-        elif r.tpot_s is not None and r.tpot_s > tpot_s:
-            c[f"{cls} missed TPOT"] += 1
+        slo = missed(r, ttft_s, tpot_s)
+        if slo is not None:
+            c[f"{cls} missed {slo}"] += 1
     return dict(sorted(out.items()))
 
 
@@ -64,16 +72,15 @@ def paths(result: Any, ttft_s: float, tpot_s: float) -> dict[str, collections.Co
             out[cls][f"rejected {r.rejected} {when}"] += 1
             continue
         path = "held" if r.dispatch_s is not None and r.dispatch_s > r.req.arrival_s else "direct"
-        if r.ttft_s is None or r.ttft_s > ttft_s:
+        slo = missed(r, ttft_s, tpot_s)
+        if slo == "TTFT":
             # Held: already late when it went (its wait was mispredicted; only a committed request,
             # --admission-decide, is sent then), or its prefill took longer than the time left?
             late_at_dispatch = (path == "held" and r.dispatch_s is not None
                                 and r.dispatch_s - r.req.arrival_s >= ttft_s)
             fate = "missed TTFT (sent after its deadline)" if late_at_dispatch else "missed TTFT"
-        elif r.tpot_s is not None and r.tpot_s > tpot_s:
-            fate = "missed TPOT"
         else:
-            fate = "met"
+            fate = "met" if slo is None else "missed TPOT"
         out[cls][f"{path}, {fate}"] += 1
     return out
 
