@@ -43,8 +43,10 @@ def report(seq: int, batch: float = 30.0, prefill_per_step: float = 200.0) -> te
 
 
 # 1 s reports the estimator merges before each fit (rates.py: min_window_s; off by default, on
-# here so that the control plane's handling of a pending merge is exercised).
-RATES = RateEstimatorConfig(min_window_s=2.0)
+# here so that the control plane's handling of a pending merge is exercised), published from the
+# first fit on (min_windows: the evidence rule has its own tests in test_rates.py) so that these
+# tests see each merge's fit.
+RATES = RateEstimatorConfig(min_window_s=2.0, min_windows=1)
 MERGED = max(1, math.ceil(RATES.min_window_s))
 
 
@@ -67,14 +69,15 @@ def test_reports_teach_the_view_and_the_table(fleet: tuple[FleetState, FakeClock
     fs, clock = fleet
     h = hello()
     fs.on_hello(h)
-    for seq in range(1, MERGED + 1):
+    first = max(MERGED, RATES.min_windows)  # reports before the decode figures are published
+    for seq in range(1, first + 1):
         assert fs.view("r1").decode_step_base_ms == 0
         clock.t += 1.0
         fs.on_report(h, report(seq, prefill_per_step=0.0))
     v = fs.view("r1")
     assert v.decode_step_base_ms > 0 and v.decode_step_per_seq_ms > 0
     assert v.prefill_tokens_per_s == 0  # no prefill seen yet: unknown, not the prior
-    _feed(fs, clock, h, 40, start=MERGED + 1)
+    _feed(fs, clock, h, 40, start=first + 1)
     v = fs.view("r1")
     assert v.decode_step_base_ms == pytest.approx(7.5, rel=0.1)
     assert v.decode_step_per_seq_ms == pytest.approx(0.07, rel=0.1)

@@ -233,7 +233,9 @@ def test_first_tokens_teach_each_router_its_ttft_margin() -> None:
         assert router.queue is not None and served >= 32
         assert router.queue._ttft_errors.maxlen is not None and len(router.queue._ttft_errors) == min(
             served, router.queue._ttft_errors.maxlen)
-        assert router.queue.ttft_margin > 0  # this overload runs later than predicted somewhere
+    # This overload runs later than predicted somewhere (not on every router: until a replica's
+    # rates rest on min_windows windows the pick predicts with the cautious defaults).
+    assert any(router.queue is not None and router.queue.ttft_margin > 0 for router in s.routers)
     off = sim(AdmissionConfig(ttft_quantile=None))
     off.run()
     assert off.routers[0].queue is not None and off.routers[0].queue.ttft_margin == 0.0

@@ -254,21 +254,26 @@ def test_a_slowdown_must_name_a_replica_of_the_fleet():
 
 
 def test_tidegate_learns_a_replica_slowed_mid_run_from_its_telemetry_and_steers_around_it():
-    # 1.8x: below outlier ejection's 3x latency factor, so only the learned rates can tell.
-    spec = workload.SyntheticSpec(arrivals="poisson", rate_rps=12.0, requests=480, prompt_mean=1500,
-                                  output_mean=120, max_prompt=6000, max_output=600)
-    reqs = workload.synthetic(spec, 3)
-    first = reqs[0].arrival_s
+    # 1.8x: below outlier ejection's 3x latency factor, so only the learned rates can tell. Three
+    # workloads: on one 40 s run of 4 replicas the fits are noisy enough that any single run's
+    # figures (how far the slowed replica's fit sits below its peers, how soon) are partly luck.
     cfg = SimConfig(slowdowns=(Slowdown(3, 1.8, 10.0),))
-    sent: dict[str, float] = {}
-    for policy in ("tidegate", "least_request"):
-        sim = Simulation([H100] * 4, registry.create(policy), reqs, cfg, seed=0)
-        res = sim.run()
-        late = [r.replica for r in res.records if r.req.arrival_s - first > 20]
-        sent[policy] = late.count("replica-03") / len(late)
-        if policy == "tidegate":
-            rates = {e.replica_id: e.prefill_tokens_per_s for e in sim.routers[0].table}
-            assert all(0 < rates["replica-03"] < 0.7 * rates[f"replica-0{i}"] for i in range(3)), rates
-            assert all(e.weight > 0 for e in sim.routers[0].table)  # not ejected: routed around
-    assert sent["least_request"] > 0.1
-    assert sent["tidegate"] < sent["least_request"] / 2, sent
+    sent: dict[str, list[float]] = {"tidegate": [], "least_request": []}
+    for wseed in (3, 4, 5):
+        spec = workload.SyntheticSpec(arrivals="poisson", rate_rps=12.0, requests=480, prompt_mean=1500,
+                                      output_mean=120, max_prompt=6000, max_output=600)
+        reqs = workload.synthetic(spec, wseed)
+        first = reqs[0].arrival_s
+        for policy in sent:
+            sim = Simulation([H100] * 4, registry.create(policy), reqs, cfg, seed=0)
+            res = sim.run()
+            late = [r.replica for r in res.records if r.req.arrival_s - first > 20]
+            sent[policy].append(late.count("replica-03") / len(late))
+            if policy == "tidegate":
+                table = {e.replica_id: e for e in sim.routers[0].table}
+                slowed = table.pop("replica-03")
+                assert 0 < slowed.prefill_tokens_per_s < min(e.prefill_tokens_per_s for e in table.values()), table
+                assert slowed.decode_step_base_ms > max(e.decode_step_base_ms for e in table.values()), table
+                assert slowed.weight > 0  # not ejected: routed around
+    assert min(sent["least_request"]) > 0.1
+    assert sum(sent["tidegate"]) < sum(sent["least_request"]) / 2, sent

@@ -182,6 +182,45 @@ def test_nothing_is_published_before_enough_evidence() -> None:
     assert est.published.prefill_tokens_per_s > 0
 
 
+@pytest.mark.parametrize("windows", range(1, 8))
+def test_no_figure_is_published_from_fewer_than_min_windows_windows(windows: int) -> None:
+    """Tokens are not evidence enough: one busy window carries far more than the token thresholds,
+    and a slope from one or two windows is noise (48 replicas at a pool's start published 9.7k-139k
+    prefill tokens/s where the engines compute ~47k). Each figure waits for min_windows windows of
+    its own kind (the prefill slope: fitted windows; base and per_seq: report windows)."""
+    rng = random.Random(windows)
+    truth = EngineRates(47_600.0, 7.5, 0.072)
+    est = RateEstimator(RateEstimatorConfig(min_windows=6))
+    for _ in range(windows):
+        w = synthetic_window(rng, truth, batch=rng.uniform(20, 200), prefill_per_step=rng.uniform(200, 600))
+        assert w.itl_count > CFG.min_decode_tokens and w.prompt_tokens > CFG.min_prefill_tokens
+        est.observe(w)
+    if windows < 6:
+        assert est.published == EngineRates()
+    else:
+        assert est.published.complete
+
+
+def test_a_replica_without_enough_windows_takes_the_pools_median() -> None:
+    """What the rule is for: a fresh replica's few windows publish nothing, so predict.pool_rates
+    gives it its pool's median instead of taking its noisy first fit for another kind of GPU."""
+    from tidegate.policy.predict import pool_rates
+    from tidegate.policy.registry import RouteInfo
+    truth = EngineRates(47_600.0, 7.5, 0.072)
+    fresh = RateEstimator()
+    rng = random.Random(9)
+    for _ in range(4):  # its first four windows, with the default config
+        # a slope far off the truth: what one or two lagged windows give
+        fresh.observe(synthetic_window(rng, EngineRates(150_000.0, 7.5, 0.072), batch=40, prefill_per_step=400))
+    warm = [RouteInfo(f"r{i}", 1.0, prefill_tokens_per_s=truth.prefill_tokens_per_s, decode_step_base_ms=7.5,
+                      decode_step_per_seq_ms=0.072) for i in range(3)]
+    p = fresh.published
+    rates = pool_rates([*warm, RouteInfo("fresh", 1.0, prefill_tokens_per_s=p.prefill_tokens_per_s,
+                                         decode_step_base_ms=p.decode_step_base_ms,
+                                         decode_step_per_seq_ms=p.decode_step_per_seq_ms)])
+    assert rates["fresh"].prefill_tps == truth.prefill_tokens_per_s
+
+
 def test_a_prefill_slope_pinned_at_a_bound_is_not_published() -> None:
     """Prompts whose tokens never show in the step times (counted apart from the steps they
     slowed, as at a pool's start): the fit clamps the slope at the upper bound; a clamped slope is
@@ -284,7 +323,7 @@ def test_property_deterministic(seed: int) -> None:
 @pytest.mark.parametrize("bad", [
     {"half_life_s": 0}, {"prior_weight": -1}, {"quantum": math.nan}, {"base_ms_bounds": (5.0, 1.0)},
     {"per_seq_ms_bounds": (0.0, 1.0)}, {"lag_windows": -1.0}, {"lag_windows": math.inf},
-    {"min_window_s": 3.0, "max_window_s": 2.0}, {"max_window_s": math.nan},
+    {"min_window_s": 3.0, "max_window_s": 2.0}, {"max_window_s": math.nan}, {"min_windows": -1},
 ])
 def test_config_rejects_nonsense(bad: dict) -> None:
     with pytest.raises(ValueError):

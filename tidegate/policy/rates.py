@@ -102,6 +102,15 @@ class RateEstimatorConfig:
     prefill_scale: float = 64.0         # prefill tokens per step the prior's prefill rate stands for
     min_decode_tokens: float = 200.0    # forgotten-weighted decode tokens before publishing decode rates
     min_prefill_tokens: float = 4096.0  # forgotten-weighted uncached prompt tokens before publishing prefill
+    # Observations before a figure is published at all: the prefill slope's merged windows, the
+    # decode figures' report windows. Token thresholds alone let a replica publish after its first
+    # window, and a slope from one or two windows is noise: 48 identical replicas on Azure code
+    # published prefill rates from 9.7k to 139k tokens/s (true ~47k) in their first 4 s, and
+    # predict.pool_rates took the outliers for other kinds of GPU, flooding the "fast" ones
+    # (TPOT misses 2.4x least_request's there). Unpublished, a replica takes its pool's median, or
+    # the cautious default while no replica has one. Five, by measurement (docs/BENCHMARKS.md,
+    # "Rates published on evidence"): ten waited longer for nothing.
+    min_windows: int = 5
     quantum: float = 0.04               # published values move on a geometric grid of this ratio
     max_step_ms: float = 60_000.0       # a mean inter-token time above this is garbage
     base_ms_bounds: tuple[float, float] = (0.05, 5_000.0)
@@ -126,6 +135,8 @@ class RateEstimatorConfig:
         for lo, hi in (self.base_ms_bounds, self.per_seq_ms_bounds, self.prefill_tokens_per_s_bounds):
             if not 0 < lo < hi:
                 raise ValueError("rate estimator: bounds must satisfy 0 < low < high")
+        if self.min_windows < 0:
+            raise ValueError("rate estimator: min_windows must be >= 0")
         if not (math.isfinite(self.min_window_s) and self.min_window_s >= 0):
             raise ValueError("rate estimator: min_window_s must be >= 0")
         if not (math.isfinite(self.lag_windows) and self.lag_windows >= 0):
@@ -266,7 +277,8 @@ class RateEstimator:
     _decode_tokens: float = 0.0
     _prefill_tokens: float = 0.0
     _published: EngineRates = field(default_factory=EngineRates)
-    windows: int = 0      # observations fitted (merged windows)
+    windows: int = 0      # observations fitted (merged windows): the prefill slope's evidence
+    reports: int = 0      # report windows with decode timing: the decode figures' evidence
     rejected: int = 0     # garbage windows, idle ones, and merged windows without decode timing
     # Windows received since the last fit, summed, while they span under `window_s`.
     _pending: WorkWindow | None = None
@@ -348,6 +360,7 @@ class RateEstimator:
         (decode tokens are counted in the step that made them: no lag to undo)."""
         obs = regressors(window, self.cfg.max_step_ms)
         if obs is not None:
+            self.reports += 1
             self._accumulate(self._a1, self._r1, obs, 0.5 ** (window.interval_s / self.cfg.half_life_s))
 
     def _fit(self, window: WorkWindow) -> bool:
@@ -401,8 +414,10 @@ class RateEstimator:
     def _quantized(self, est: EngineRates, prev: EngineRates) -> EngineRates:
         q = self.cfg.quantum
         seeded = self.prior is not None
-        decode_ok = seeded or self._decode_tokens >= self.cfg.min_decode_tokens
-        prefill_ok = decode_ok and (seeded or self._prefill_tokens >= self.cfg.min_prefill_tokens)
+        cfg = self.cfg
+        decode_ok = seeded or (self._decode_tokens >= cfg.min_decode_tokens and self.reports >= cfg.min_windows)
+        prefill_ok = decode_ok and (seeded or (self._prefill_tokens >= cfg.min_prefill_tokens
+                                               and self.windows >= cfg.min_windows))
         if not decode_ok:
             return EngineRates()
         # A slope the fit pins at a bound is no estimate: the windows say prompt tokens cost nothing
