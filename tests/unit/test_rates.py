@@ -185,9 +185,9 @@ def test_nothing_is_published_before_enough_evidence() -> None:
 @pytest.mark.parametrize("windows", range(1, 8))
 def test_no_figure_is_published_from_fewer_than_min_windows_windows(windows: int) -> None:
     """Tokens are not evidence enough: one busy window carries far more than the token thresholds,
-    and a slope from one or two windows is noise (48 replicas at a pool's start published 9.7k-139k
-    prefill tokens/s where the engines compute ~47k). Each figure waits for min_windows windows of
-    its own kind (the prefill slope: fitted windows; base and per_seq: report windows)."""
+    and a fit on one or two windows is noise (48 replicas at a pool's start published 9.7k-139k
+    prefill tokens/s where the engines compute ~47k). Every figure waits for min_windows report
+    windows with decode timing."""
     rng = random.Random(windows)
     truth = EngineRates(47_600.0, 7.5, 0.072)
     est = RateEstimator(RateEstimatorConfig(min_windows=6))

@@ -102,14 +102,15 @@ class RateEstimatorConfig:
     prefill_scale: float = 64.0         # prefill tokens per step the prior's prefill rate stands for
     min_decode_tokens: float = 200.0    # forgotten-weighted decode tokens before publishing decode rates
     min_prefill_tokens: float = 4096.0  # forgotten-weighted uncached prompt tokens before publishing prefill
-    # Observations before a figure is published at all: the prefill slope's merged windows, the
-    # decode figures' report windows. Token thresholds alone let a replica publish after its first
-    # window, and a slope from one or two windows is noise: 48 identical replicas on Azure code
-    # published prefill rates from 9.7k to 139k tokens/s (true ~47k) in their first 4 s, and
-    # predict.pool_rates took the outliers for other kinds of GPU, flooding the "fast" ones
-    # (TPOT misses 2.4x least_request's there). Unpublished, a replica takes its pool's median, or
-    # the cautious default while no replica has one. Five, by measurement (docs/BENCHMARKS.md,
-    # "Rates published on evidence"): ten waited longer for nothing.
+    # Report windows with decode timing before any figure is published. Token thresholds alone let
+    # a replica publish after its first window, and a fit on one or two windows is noise: 48
+    # identical replicas on Azure code published prefill rates from 9.7k to 139k tokens/s (true
+    # ~47k) in their first 4 s, and predict.pool_rates took the outliers for other kinds of GPU,
+    # flooding the "fast" ones (1.7x least_request's TPOT misses there). Unpublished, a replica
+    # takes its pool's median, or the cautious default while no replica has one. Counted in
+    # reports (seconds of traffic), not in merged windows: five of Mooncake's ~3 s merges kept
+    # its pool on the default for 15 s and cost a search step of capacity with admission. Five,
+    # by measurement (docs/BENCHMARKS.md, "Rates published on evidence"): ten did worse.
     min_windows: int = 5
     quantum: float = 0.04               # published values move on a geometric grid of this ratio
     max_step_ms: float = 60_000.0       # a mean inter-token time above this is garbage
@@ -277,8 +278,8 @@ class RateEstimator:
     _decode_tokens: float = 0.0
     _prefill_tokens: float = 0.0
     _published: EngineRates = field(default_factory=EngineRates)
-    windows: int = 0      # observations fitted (merged windows): the prefill slope's evidence
-    reports: int = 0      # report windows with decode timing: the decode figures' evidence
+    windows: int = 0      # observations fitted (merged windows)
+    reports: int = 0      # report windows with decode timing (min_windows counts these)
     rejected: int = 0     # garbage windows, idle ones, and merged windows without decode timing
     # Windows received since the last fit, summed, while they span under `window_s`.
     _pending: WorkWindow | None = None
@@ -416,8 +417,7 @@ class RateEstimator:
         seeded = self.prior is not None
         cfg = self.cfg
         decode_ok = seeded or (self._decode_tokens >= cfg.min_decode_tokens and self.reports >= cfg.min_windows)
-        prefill_ok = decode_ok and (seeded or (self._prefill_tokens >= cfg.min_prefill_tokens
-                                               and self.windows >= cfg.min_windows))
+        prefill_ok = decode_ok and (seeded or self._prefill_tokens >= cfg.min_prefill_tokens)
         if not decode_ok:
             return EngineRates()
         # A slope the fit pins at a bound is no estimate: the windows say prompt tokens cost nothing
