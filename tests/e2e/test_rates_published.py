@@ -32,17 +32,20 @@ def _table(etcd: str) -> dict[str, dict[str, Any]]:
 
 
 def test_serving_replicas_publish_fitted_rates(fleet: dict[str, Any]) -> None:
-    # Distinct long prompts (no prefix-cache hits), enough for the estimator's evidence
-    # thresholds on both replicas: ~9k uncached prompt tokens and ~500 decode tokens each.
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(lambda p: complete(fleet["router_url"], MODEL, p), distinct_prompts(7, 24, 500)))
-
+    # Distinct long prompts (no prefix-cache hits), sent in rounds until both replicas publish:
+    # the estimator wants its token thresholds (~9k uncached prompt tokens, ~500 decode tokens)
+    # and min_windows (5) report windows with decode timing, i.e. seconds of traffic, not one burst.
     def published() -> bool:
         entries = _table(fleet["etcd"])
         return len(entries) == 2 and all(
             e.get("prefillTokensPerS", 0) > 0 and e.get("decodeStepBaseMs", 0) > 0
             and e.get("decodeStepPerSeqMs", 0) > 0 for e in entries.values())
 
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for round_ in range(30):
+            if published():
+                break
+            list(pool.map(lambda p: complete(fleet["router_url"], MODEL, p), distinct_prompts(7 + round_, 8, 500)))
     wait_until(published, timeout=20.0, what="nonzero fitted rates for both replicas in the etcd table")
     for e in _table(fleet["etcd"]).values():
         # Bounded, physical figures (the simulated H100 steps take ~7-12 ms); not an accuracy check.
