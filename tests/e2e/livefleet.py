@@ -11,6 +11,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,27 @@ def distinct_prompts(seed: int, n: int, words: int) -> list[str]:
     cache and each is real prefill work for the engine."""
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(words)) for _ in range(n)]
+
+
+def fitted_rates(etcd: str, model: str, replicas: int) -> bool:
+    """True once the pool's routing table in etcd carries fitted engine rates for `replicas` replicas."""
+    from etcd_records import etcd_json  # type: ignore[import-not-found]
+    entries = etcd_json(etcd, f"/tidegate/v1/tables/{model}").get("replicas", [])
+    return len(entries) == replicas and all(
+        e.get("prefillTokensPerS", 0) > 0 and e.get("decodeStepBaseMs", 0) > 0 and e.get("decodeStepPerSeqMs", 0) > 0
+        for e in entries)
+
+
+def warm_rates(router_url: str, etcd: str, model: str, replicas: int, rounds: int = 30) -> None:
+    """Rounds of 8 distinct long prompts through the router until every replica's rates are fitted
+    (or `rounds` are spent; callers then assert `fitted_rates`). The rate fit wants seconds of
+    traffic, not one burst: its token thresholds and 5 report windows with decode timing
+    (RateEstimatorConfig.min_windows)."""
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for k in range(rounds):
+            if fitted_rates(etcd, model, replicas):
+                return
+            list(pool.map(lambda p: complete(router_url, model, p), distinct_prompts(7 + k, 8, 500)))
 
 
 def complete(router_url: str, model: str, prompt: str, max_tokens: int = 48) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from etcd_records import etcd_json  # type: ignore[import-not-found]
-from livefleet import Cli, distinct_prompts, up_fleet  # type: ignore[import-not-found]
+from livefleet import Cli, distinct_prompts, fitted_rates, up_fleet, warm_rates  # type: ignore[import-not-found]
 from polling import wait_until  # type: ignore[import-not-found]
 
 from tidegate.fleet.up import Fleet
@@ -69,8 +69,8 @@ def test_two_routers_share_one_budget(fleet: tuple[Fleet, dict[str, Any], Cli, s
 
     # Engine rates are fitted from telemetry (no profile prior here): give the fit some evidence
     # while the pool has no SLO, hence no budget.
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        assert set(pool.map(lambda p: _send(info["router_url"], p, 48), distinct_prompts(7, 24, 500))) == {200}
+    warm_rates(info["router_url"], info["etcd"], MODEL, replicas=1)
+    assert fitted_rates(info["etcd"], MODEL, 1)
     r = cli("pool", "set-slo", MODEL, "--ttft", "2s", "--tpot", "100ms")   # from now on, a budget
     assert r.returncode == 0, r.stderr
 

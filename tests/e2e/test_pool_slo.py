@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from etcd_records import etcd_json  # type: ignore[import-not-found]
-from livefleet import Cli, complete, distinct_prompts, up_fleet  # type: ignore[import-not-found]
+from livefleet import Cli, up_fleet, warm_rates  # type: ignore[import-not-found]
 from polling import wait_until  # type: ignore[import-not-found]
 
 from tidegate.fleet.up import Fleet
@@ -82,8 +81,7 @@ def test_pool_slo_end_to_end(fleet: tuple[Fleet, dict[str, Any], Cli]) -> None:
 
     # With an SLO and engine rates fitted from the replica's telemetry, the pool gets a figure.
     # Distinct long prompts (no prefix-cache hits), enough evidence for the rate estimator.
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(lambda p: complete(info["router_url"], MODEL, p), distinct_prompts(7, 24, 500)))
+    warm_rates(info["router_url"], info["etcd"], MODEL, replicas=1)
     try:
         wait_until(lambda: _pool(cli)["recommended_replicas"] >= 1, 30, "a scale recommendation")
     except AssertionError as e:

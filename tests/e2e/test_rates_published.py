@@ -6,13 +6,12 @@ from the engines' /metrics alone (no profile reaches the control plane)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from etcd_records import etcd_json  # type: ignore[import-not-found]
-from livefleet import complete, distinct_prompts, up_fleet  # type: ignore[import-not-found]
+from livefleet import fitted_rates, up_fleet, warm_rates  # type: ignore[import-not-found]
 from polling import wait_until  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.e2e
@@ -32,21 +31,10 @@ def _table(etcd: str) -> dict[str, dict[str, Any]]:
 
 
 def test_serving_replicas_publish_fitted_rates(fleet: dict[str, Any]) -> None:
-    # Distinct long prompts (no prefix-cache hits), sent in rounds until both replicas publish:
-    # the estimator wants its token thresholds (~9k uncached prompt tokens, ~500 decode tokens)
-    # and min_windows (5) report windows with decode timing, i.e. seconds of traffic, not one burst.
-    def published() -> bool:
-        entries = _table(fleet["etcd"])
-        return len(entries) == 2 and all(
-            e.get("prefillTokensPerS", 0) > 0 and e.get("decodeStepBaseMs", 0) > 0
-            and e.get("decodeStepPerSeqMs", 0) > 0 for e in entries.values())
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        for round_ in range(30):
-            if published():
-                break
-            list(pool.map(lambda p: complete(fleet["router_url"], MODEL, p), distinct_prompts(7 + round_, 8, 500)))
-    wait_until(published, timeout=20.0, what="nonzero fitted rates for both replicas in the etcd table")
+    # Distinct long prompts (no prefix-cache hits) in rounds until both replicas publish.
+    warm_rates(fleet["router_url"], fleet["etcd"], MODEL, replicas=2)
+    wait_until(lambda: fitted_rates(fleet["etcd"], MODEL, 2), timeout=20.0,
+               what="nonzero fitted rates for both replicas in the etcd table")
     for e in _table(fleet["etcd"]).values():
         # Bounded, physical figures (the simulated H100 steps take ~7-12 ms); not an accuracy check.
         assert 0.05 <= e["decodeStepBaseMs"] <= 5_000
