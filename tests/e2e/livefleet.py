@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from etcd_records import etcd_json  # type: ignore[import-not-found]
+
 from tidegate.fleet import endpoints
 from tidegate.fleet.up import Fleet, UpConfig
 
@@ -64,7 +66,6 @@ def distinct_prompts(seed: int, n: int, words: int) -> list[str]:
 
 def fitted_rates(etcd: str, model: str, replicas: int) -> bool:
     """True once the pool's routing table in etcd carries fitted engine rates for `replicas` replicas."""
-    from etcd_records import etcd_json  # type: ignore[import-not-found]
     entries = etcd_json(etcd, f"/tidegate/v1/tables/{model}").get("replicas", [])
     return len(entries) == replicas and all(
         e.get("prefillTokensPerS", 0) > 0 and e.get("decodeStepBaseMs", 0) > 0 and e.get("decodeStepPerSeqMs", 0) > 0
