@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidegate.policy.predict import pool_rates
 from tidegate.policy.rates import (
     GENERIC_PRIOR,
     EngineRates,
@@ -19,6 +20,7 @@ from tidegate.policy.rates import (
     regressors,
     snap,
 )
+from tidegate.policy.registry import RouteInfo
 from tidegate.v1 import telemetry_pb2
 
 CFG = RateEstimatorConfig()
@@ -204,8 +206,6 @@ def test_no_figure_is_published_from_fewer_than_min_windows_windows(windows: int
 def test_a_replica_without_enough_windows_takes_the_pools_median() -> None:
     """What the rule is for: a fresh replica's few windows publish nothing, so predict.pool_rates
     gives it its pool's median instead of taking its noisy first fit for another kind of GPU."""
-    from tidegate.policy.predict import pool_rates
-    from tidegate.policy.registry import RouteInfo
     truth = EngineRates(47_600.0, 7.5, 0.072)
     fresh = RateEstimator()
     rng = random.Random(9)
