@@ -179,7 +179,7 @@ def ref_pick(pol: TidegatePolicy, snap: PoolSnapshot, request: RequestFeatures, 
         return preds[0].replica_id, "only_candidate", preds[0].cost, 1
     slo = snap.slo or pol.slo
     ttft_ok = [p for p in preds if p.ttft_s <= slo.ttft_s]
-    fit = [p for p in ttft_ok if p.tpot_s <= slo.tpot_s and p.kv_wait_s <= 0]
+    fit = [p for p in ttft_ok if p.tpot_s <= slo.tpot_s and (p.kv_wait_s <= 0 or p.cached_tokens > 0)]
     if not fit:
         fit = [p for p in ttft_ok if p.tpot_s <= slo.tpot_s]
     reason = "slo_fit"

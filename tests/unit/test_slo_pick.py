@@ -339,6 +339,23 @@ def test_a_replica_without_kv_room_is_used_only_when_none_has_room():
     assert pol.pick(both, req(30_000, rid="doc2"), random.Random(0)) is not None
 
 
+@pytest.mark.parametrize(("follow_hashes", "expected"), [
+    (tuple(range(40)) + (99,), "a"),    # holds its prefix: the short wait for KV beats a cold prefill
+    (tuple(range(500, 541)), "b"),      # nothing cached on a: a KV shortfall keeps it out of the fit
+])
+def test_a_replica_short_of_kv_stays_fit_for_prompts_whose_prefix_it_holds(follow_hashes, expected):
+    pol = TidegatePolicy()
+    doc = tuple(range(40))                                         # 40 blocks of 512 tokens
+    pol.on_dispatch(req(20_480, hashes=doc, rid="d0"), "a")
+    pol.on_first_token(req(20_480, hashes=doc, rid="d0"), "a")
+    pol.on_complete(req(20_480, hashes=doc, rid="d0"), "a")
+    snap = PoolSnapshot((e("a", free=500), e("b")))                # a: its cache holds doc, its KV nearly full
+    follow = req(20_992, hashes=follow_hashes, rid="d1")
+    preds = {p.replica_id: p for p in pol.predictions(snap, follow)}
+    assert preds["a"].kv_wait_s > 0 and preds["b"].kv_wait_s == 0
+    assert pol.pick(snap, follow, random.Random(0)).replica_id == expected
+
+
 def test_own_ttft_target_outranks_sparing_decoders():
     pol = TidegatePolicy(slo=SloTargets(ttft_s=1.0, tpot_s=0.1))
     for i in range(8):                                             # fragile decoders on a (idle prefill)

@@ -10,8 +10,8 @@ Pipeline per request (pure: snapshot + request + rng in, pick out):
 3. predict     TTFT, TPOT and the SLO budget the placement uses up (predict.py) on each
                candidate, with the prompt tokens expected to hit that replica's prefix cache
                (affinity.PrefixIndex) taken off its prefill;
-4. fit         keep the candidates predicted to meet both targets with KV room to spare (else
-               relax: KV room, then TPOT, then TTFT; see README.md);
+4. fit         keep the candidates predicted to meet both targets with KV room to spare, or
+               holding part of the prompt (else relax: KV room, then TPOT, then TTFT; README.md);
 5. band        keep those whose cost is within BAND_C of the cheapest (bounded load);
 6. choose      prompts with prefix blocks: in the band, the replica with the most cached tokens;
                among those, when the prefix is cached somewhere, the lowest cost (within
@@ -359,7 +359,10 @@ class TidegatePolicy:
             else:
                 row = (cost, cached, rid, ttft, tpot, kv_wait)
                 rows.append(row)
-                if ttft <= ttft_slo and tpot <= tpot_slo and kv_wait <= 0:
+                # KV room is waived where the replica holds part of the prompt: there it adds only
+                # its uncached tail to the KV (its TTFT carries the wait for room), where elsewhere
+                # it would take its whole prompt's KV and prefill (README.md §4).
+                if ttft <= ttft_slo and tpot <= tpot_slo and (kv_wait <= 0 or cached > 0):
                     fit.append(row)
                     if cost < best:
                         best = cost
