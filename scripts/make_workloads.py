@@ -5,10 +5,16 @@ tidegate.tokens.PREFIX_BLOCK_TOKENS, as `tidegate simulate` reads generic traces
 
     scripts/make_workloads.py longshort OUT.jsonl [--requests N] [--seed S]
     scripts/make_workloads.py multiturn OUT.jsonl [--requests N] [--seed S]
+    scripts/make_workloads.py {shortchat,reasoning} OUT.jsonl [--requests N] [--seed S]
 
 - longshort: 90% chat (prompt lognormal, mean ~700 tokens; output lognormal, mean ~250) and 10%
   documents (prompt uniform 16k-60k tokens, output lognormal mean ~300), Poisson arrivals at
   10 req/s (`--load` rescales). Unique prompts: no prefix hashes.
+- shortchat: short chat turns (prompt lognormal, mean ~150 tokens; output lognormal, mean ~120),
+  Poisson arrivals at 10 req/s, unique prompts: at its SLO capacity on 16 x llama3-8b-h100 the KV
+  stays under 20 %; the engines' batch limit (`max_num_seqs`) binds, not their KV.
+- reasoning: short prompts (mean ~300 tokens) and long answers (mean ~1,500, up to 8,000), Poisson
+  at 10 req/s, unique prompts: decode-bound, the KV filling with outputs.
 - multiturn: conversations of 2-12 turns on 8 applications, each with its own system prompt
   (300-3000 tokens); turn k's prompt is the previous turn's prompt + its answer + a new user
   message, so every turn extends the last one's prefix. Conversations start as a Poisson process
@@ -46,6 +52,29 @@ def longshort(n: int, seed: int) -> list[dict]:
     return out
 
 
+def _poisson_chat(kind: str, n: int, seed: int, prompt: tuple[float, float, int, int],
+                  output: tuple[float, float, int, int]) -> list[dict]:
+    """Poisson arrivals at 10 req/s, unique prompts; lengths lognormal (mean, sigma, lo, hi)."""
+    rng = random.Random(f"{kind}/{seed}")
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(10.0)
+        out.append({"arrival_s": round(t, 6), "prompt_tokens": _lognormal(rng, *prompt),
+                    "output_tokens": _lognormal(rng, *output)})
+    return out
+
+
+def shortchat(n: int, seed: int) -> list[dict]:
+    return _poisson_chat("shortchat", n, seed, (150, 0.7, 8, 2000), (120, 0.8, 4, 1000))
+
+
+def reasoning(n: int, seed: int) -> list[dict]:
+    return _poisson_chat("reasoning", n, seed, (300, 0.8, 16, 4000), (1500, 0.9, 16, 8000))
+
+
+KINDS = {"longshort": longshort, "shortchat": shortchat, "reasoning": reasoning}
+
+
 def multiturn(n: int, seed: int) -> list[dict]:
     rng = random.Random(f"multiturn/{seed}")
     apps = [(i * 10**9, rng.randint(300, 3000)) for i in range(8)]     # (hash namespace, system tokens)
@@ -79,12 +108,12 @@ def multiturn(n: int, seed: int) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["longshort", "multiturn"], help="Which workload to write.")
+    ap.add_argument("kind", choices=[*KINDS, "multiturn"], help="Which workload to write.")
     ap.add_argument("out", type=Path, help="Output JSONL file.")
     ap.add_argument("--requests", type=int, default=4000, help="Number of requests (default 4000).")
     ap.add_argument("--seed", type=int, default=0, help="Seed of every random choice (default 0).")
     args = ap.parse_args()
-    rows = (longshort if args.kind == "longshort" else multiturn)(args.requests, args.seed)
+    rows = KINDS.get(args.kind, multiturn)(args.requests, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         for r in rows:
