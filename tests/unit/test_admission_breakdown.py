@@ -4,10 +4,10 @@ for a deadline after arrival, while without it an overloaded queue rejects some 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from module_file import load_module  # type: ignore[import-not-found]
 
 from tidegate.fleetsim import main as fm
 
@@ -16,11 +16,7 @@ REQUESTS = 900
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("admission_breakdown", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT)
 
 
 def _breakdown():

@@ -9,7 +9,6 @@ tests (deploy/prometheus/alerts_test.yml).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from module_file import load_module  # type: ignore[import-not-found]
 from prometheus_client import CollectorRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -249,11 +249,7 @@ def test_dashboard_is_well_formed() -> None:
 
 
 def _load(path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path)
 
 
 def test_dashboard_json_is_generated() -> None:

@@ -4,26 +4,14 @@ says they are."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import sys
-from pathlib import Path
 
 import pytest
+from module_file import SCRIPTS, load_module  # type: ignore[import-not-found]
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_workloads.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("make_workloads", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-MW = _module()
+MW = load_module(SCRIPTS / "make_workloads.py")
 
 
 @pytest.mark.parametrize(("kind", "prompt_mean", "output_mean"), [

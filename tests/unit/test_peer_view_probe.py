@@ -4,10 +4,10 @@ the chosen replicas and the router counts some of it; prefill predicted and serv
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from module_file import load_module  # type: ignore[import-not-found]
 
 from tidegate.fleetsim import main as fm
 from tidegate.policy import slo_pick
@@ -16,11 +16,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "peer_view_probe.py"
 
 
 def _probe_module():
-    spec = importlib.util.spec_from_file_location("peer_view_probe", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT)
 
 
 def _cfg(routers: int) -> fm.SimulateConfig:

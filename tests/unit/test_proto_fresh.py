@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from module_file import load_module  # type: ignore[import-not-found]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _gen_module():
-    spec = importlib.util.spec_from_file_location("gen_proto", ROOT / "scripts" / "gen_proto.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(ROOT / "scripts" / "gen_proto.py")
 
 
 def test_generated_code_is_fresh(tmp_path: Path) -> None:
