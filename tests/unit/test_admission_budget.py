@@ -132,11 +132,12 @@ def test_demand_counts_held_and_refused_then_resets() -> None:
     b = RouterBudget()
     b.acquire(100, 50)
     b.refused(200, 0)
-    assert b.demand() == Tokens(300, 350, 2)
-    assert b.demand() == Tokens(100, 150, 1)
+    # KV: each prompt and half its max_tokens (predict.held_kv)
+    assert b.demand() == Tokens(300, 325, 2)
+    assert b.demand() == Tokens(100, 125, 1)
 
 
-Q = Tokens.request(100, 50)      # (100, 150, 1)
+Q = Tokens.request(100, 50)      # (100, 125, 1)
 R = Tokens.request(300, 0)       # (300, 300, 1)
 QUEUED = [
     # (id, steps, queued after, demand after)

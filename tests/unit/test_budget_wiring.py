@@ -85,7 +85,7 @@ def test_router_takes_its_own_share() -> None:
     pool.acquire(20, 20)
     assert not pool.allows("sheddable", 1, 0) and pool.allows("critical", 20, 0)
     pool.refused(5, 0)
-    assert b.demand() == {"m": Tokens(25, 45, 2)}
+    assert b.demand() == {"m": Tokens(25, 35, 2)}   # KV: 20 + 20 / 2 held, 5 refused
     other = AdmissionBudgets(None, "someone-else")
     other.apply(key, KeyValue(key, codec.encode(rec), 1))
     assert other.get("m").share is None                                # not listed yet: no limit

@@ -199,13 +199,13 @@ async def test_a_request_rejected_from_the_queue_counts_once_in_metrics_and_in_t
     t = asyncio.create_task(g.admit("m", pol, FakeRequest(500, 100), "standard", SLO, 0.0,  # type: ignore[arg-type]
                                     snapshot, budget))
     await asyncio.sleep(0)
-    assert budget.queued == Tokens(500.0, 600.0, 1.0)
+    assert budget.queued == Tokens(500.0, 550.0, 1.0)
     clock[0] = 1.9                                   # 0.1 s left, TTFT 0.2 s: cannot make it
     g.wake("m")
     out = await t
     assert isinstance(out, Rejected) and out.reason == "deadline_unmeetable"
     assert budget.queued == Tokens()
-    assert budget.demand() == Tokens(500.0, 600.0, 1.0)   # refused: it still wanted in
+    assert budget.demand() == Tokens(500.0, 550.0, 1.0)   # refused: it still wanted in
     assert budget.demand() == Tokens()                    # reported once
     assert reg.get_sample_value("tidegate_router_admission_rejected_total",
                                 {"model": "m", "priority": "standard", "reason": "deadline_unmeetable"}) == 1

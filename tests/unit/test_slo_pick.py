@@ -552,5 +552,25 @@ def test_a_shared_prefix_counts_once_in_a_replicas_kv():
     pol.on_dispatch(req(20_480, out=100, hashes=history, rid="t0"), "a")
     pol.on_dispatch(req(21_000, out=100, hashes=history + (1000,), rid="t1"), "a")
     kv = pol.take_report().loads["a"].kv
-    # (the second's cached part is 40 of its 41 blocks of 21,000 / 41 tokens: 20,487)
-    assert kv == pytest.approx((20_480 + 100) + (21_000 - 20_487 + 100))
+    # (the second's cached part is 40 of its 41 blocks of 21,000 / 41 tokens: 20,487; each
+    # holds half its output over its life: predict.held_kv)
+    assert kv == pytest.approx((20_480 + 50) + (21_000 - 20_487 + 50))
+
+
+def test_long_answers_in_flight_leave_the_kv_room_they_have_not_written_yet():
+    """250 answers of ~1,500 tokens in flight on a 448k-token replica hold about their prompts and
+    half their outputs (262k, as the table says); counted at their whole outputs (450k) they would
+    make it look full, and a new request would be predicted to wait for room that is there."""
+    cap = 448_000
+    pol = TidegatePolicy()
+    for i in range(250):
+        pol.on_dispatch(req(300, out=1500, rid=f"q{i}"), "a")
+        pol.on_first_token(req(300, out=1500, rid=f"q{i}"), "a")
+    held = 250 * (300 + 750)
+    assert pol.take_report().loads["a"].kv == pytest.approx(held)
+    snap = PoolSnapshot(entries=(e("a", running=250, free=cap - held, cap=cap), e("b", cap=cap)))
+    preds = {p.replica_id: p for p in pol.predictions(snap, req(300, out=1500))}
+    assert preds["a"].kv_wait_s == 0
+    # Its own fit still asks room for its whole output: a replica with less free than that waits.
+    tight = PoolSnapshot(entries=(e("a", running=250, free=1000, cap=cap), e("b", cap=cap)))
+    assert {p.replica_id: p for p in pol.predictions(tight, req(300, out=1500))}["a"].kv_wait_s > 0

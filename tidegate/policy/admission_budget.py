@@ -8,7 +8,8 @@ request. The simulator can run the same code.
 
 Units, counted per request by the router (`Tokens`):
 - prefill_tokens: prompt tokens of requests that have not had their first token yet;
-- kv_tokens: prompt + max_tokens of every request in flight;
+- kv_tokens: prompt + half max_tokens of every request in flight (what it holds over its life,
+  predict.held_kv);
 - sequences: requests in flight.
 
 Pool total, over the routable replicas with fitted rates (each scaled by its SLO feedback
@@ -42,6 +43,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tidegate.policy.classes import CLASSES, CRITICAL, SHEDDABLE, STANDARD
+from tidegate.policy.predict import held_kv
 
 # Sheddable 0.5, not 0.7: at 0.7 sheddable requests took the share standard ones needed (Azure
 # conversation at 1.5x SLO capacity, 16 replicas: standard 80.9 % -> 88.9 % at 0.5, goodput
@@ -82,7 +84,7 @@ class Tokens:
     @staticmethod
     def request(prompt_tokens: int, max_tokens: int) -> Tokens:
         p = max(0, prompt_tokens)
-        return Tokens(float(p), float(p + max(0, max_tokens)), 1.0)
+        return Tokens(float(p), held_kv(p, max(0, max_tokens)), 1.0)
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,18 @@ def pool_rates(entries: Iterable) -> dict[str, Rates]:
     return out
 
 
+def held_kv(prompt_tokens: float, output_tokens: float) -> float:
+    """KV tokens a request in flight holds, counted over its life: its prompt (resident from its
+    prefill) and half its output. It holds `prompt + generated` at any instant, and the sequences
+    in flight on a replica are spread over their lives, so half their outputs is what they hold
+    together on average. Counting each one's whole output from its dispatch, as a reservation,
+    made replicas of long answers look full at half their real use: reasoning-style answers
+    (~1,500 tokens, prompts ~300) on 16 x llama3-8b-h100 predicted a KV wait of 5-8 s on every
+    replica while the engines had 20-30 % free, so the pick had no fitting replica and no
+    admission budget had room (docs/BENCHMARKS.md, "KV held over a request's life")."""
+    return max(0.0, prompt_tokens) + max(0.0, output_tokens) / 2.0
+
+
 def pushed_out(stall_keys: Sequence[float], stalled_s: float, stall_s: float) -> float:
     """How many sequences a stall of `stall_s` seconds pushes past their TPOT target.
 

@@ -50,7 +50,15 @@ from tidegate.policy.peer_load import (
     sum_peers,
 )
 from tidegate.policy.pick import Pick
-from tidegate.policy.predict import CHUNK_TOKENS, DEFAULT_RATES, Prediction, Rates, pool_rates, pushed_out
+from tidegate.policy.predict import (
+    CHUNK_TOKENS,
+    DEFAULT_RATES,
+    Prediction,
+    Rates,
+    held_kv,
+    pool_rates,
+    pushed_out,
+)
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets, make_pick
 from tidegate.policy.tpot_plan import TpotPlan, TpotPlanConfig
 
@@ -80,7 +88,7 @@ MAX_REPORTED_BUDGETS = 256
 class _Flight:
     replica_id: str
     prefill: float      # predicted uncached prompt tokens, counted as queued until the first token
-    kv: float           # KV tokens it will hold (prompt + expected output)
+    kv: float           # KV tokens it holds over its life (predict.held_kv)
     stall_key: float    # its key among the replica's stall keys (predict.pushed_out)
     blocks: PrefixBlocks | None = None   # its prefix blocks, pinned in the index until it completes
     guessed: bool = False   # its key is among the guessed ones (no max_tokens: see on_dispatch)
@@ -452,8 +460,9 @@ class TidegatePolicy:
         out = self._output(request)
         # The KV it adds there: its cached prefix is resident already, shared by every request
         # that holds it (the engine counts those blocks once), so only its uncached prompt and
-        # its output take new room.
-        kv = prefill + out
+        # its output take new room, the output as it grows (held_kv). A new request's own fit
+        # still asks room for its whole output (_scan: it holds all of it at its end).
+        kv = held_kv(prefill, out)
         self._seen += 1
         if self._seen == 1:
             self._mean_prefill = prefill
