@@ -34,7 +34,7 @@ class ReplicaLoadReport:
     queued_prefill: float = 0.0   # predicted uncached prompt tokens without a first token yet
     waiting: int = 0              # its requests there without a first token
     decoding: int = 0             # its requests there that are decoding
-    kv: float = 0.0               # KV tokens its requests will hold (prompt + expected output)
+    kv: float = 0.0               # KV tokens its requests hold (predict.held_kv: prompt + half the output)
     # Prefill seconds it has placed there since it started (monotonic): what stalls every
     # sequence decoding there, whoever sent it. Peers take the difference between two reports.
     placed_s: float = 0.0
