@@ -132,6 +132,10 @@ class SimulateConfig(ConfigBase, AdmissionFields):
                                          description="Send this share of the requests (chosen by --seed) without "
                                                      "max_tokens, as from a fleet where only some clients set it "
                                                      "(--hide-max-tokens: all of them).")
+    max_tokens_cap: int | None = Field(None, ge=1, description="Requests that send max_tokens send max(N, their true "
+                                                               "output), as clients that set one generous cap "
+                                                               "(e.g. 4096) whatever the answer; the engines still "
+                                                               "write the trace's output.")
     slow_replicas: str | None = Field(None, description="N:F[@T] -- the last N replicas run F times slower than "
                                                         "their profile (every step's duration x F) from T s "
                                                         "after the first arrival (default 0), as a throttled or "
@@ -365,6 +369,7 @@ def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
                      budgets=BudgetConfig() if admission is not None and cfg.admission_budgets else None,
                      replica_ids=cfg.replica_ids,
                      hide_max_tokens=cfg.hide_max_tokens, hide_max_tokens_share=cfg.hide_max_tokens_share,
+                     max_tokens_cap=cfg.max_tokens_cap,
                      slowdowns=slowdowns(cfg.slow_replicas, len(fleet_profiles(cfg.profile, cfg.replicas))))
 
 

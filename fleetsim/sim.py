@@ -90,6 +90,7 @@ from tidegate.policy.registry import (
     RouteInfo,
     SloTargets,
     enforce_tpot_plan,
+    expected_output,
     notify,
     notify_output,
     notify_tpot,
@@ -153,6 +154,9 @@ class SimConfig:
     # Or only this share of them, chosen by the seed and each request's id (a fleet where some
     # clients send max_tokens and others do not).
     hide_max_tokens_share: float = 0.0
+    # Requests that send max_tokens send max(this, their true output): clients that set one
+    # generous cap (4,096, say) whatever the answer (None: the true output, as the replay does).
+    max_tokens_cap: int | None = None
     # Stop as soon as more than `stop_after_misses` requests are known to miss the SLOs
     # (stop_slo = (ttft_s, tpot_s)): the SLO-capacity search only needs to know that a rate fails.
     stop_after_misses: int | None = None
@@ -191,6 +195,8 @@ class SimConfig:
             raise ValueError("wake_s must be positive")
         if not 0.0 <= self.hide_max_tokens_share <= 1.0:
             raise ValueError("hide_max_tokens_share must be in [0, 1]")
+        if self.max_tokens_cap is not None and self.max_tokens_cap < 1:
+            raise ValueError("max_tokens_cap must be >= 1 (None: the true output)")
         if self.router_spread not in ROUTER_SPREADS:
             raise ValueError(f"router_spread must be one of {', '.join(ROUTER_SPREADS)}")
         if len(set(self.replica_ids)) != len(self.replica_ids) or not all(self.replica_ids):
@@ -398,6 +404,7 @@ class Simulation:
         self.inflight: dict[str, int] = {rid: 0 for rid in ids}   # all routers together
         self.records: dict[str, RequestRecord] = {}
         self._features: dict[str, RequestFeatures] = {}
+        self._budget_tokens: dict[str, Tokens] = {}   # per request id, while it is in flight (_tokens)
         # Admitted requests' predicted TTFT at dispatch, until their first token (the TTFT margin).
         self._predicted_ttft: dict[str, float] = {}
         self._counts = {r.replica_id: 0 for r in self.replicas}
@@ -545,6 +552,7 @@ class Simulation:
             hold = self._holds.pop(req_id, None)
             if hold is not None:
                 hold.release()
+            self._budget_tokens.pop(req_id, None)
             features = self._features.pop(req_id)
             tpot = rec.tpot_s
             if tpot is not None and self.admission:  # admission enforces the pick's TPOT plan
@@ -561,8 +569,10 @@ class Simulation:
         return zlib.crc32(f"hide/{self._seed}/{req.req_id}".encode()) < share * 2**32
 
     def _arrive(self, req: SimRequest) -> None:
+        cap = self.cfg.max_tokens_cap
         features = RequestFeatures(prompt_tokens=req.prompt_tokens,
-                                   max_tokens=None if self._hides_max_tokens(req) else req.output_tokens,
+                                   max_tokens=None if self._hides_max_tokens(req)
+                                   else req.output_tokens if cap is None else max(cap, req.output_tokens),
                                    prefix_hashes=req.prefix_hashes, priority=req.priority, req_id=req.req_id,
                                    true_output_tokens=req.output_tokens)
         rec = RequestRecord(req)
@@ -590,10 +600,10 @@ class Simulation:
         elif d.action == adm.HOLD:
             self._held += 1
             if router.budgets is not None:  # held requests count in the router's demand
-                router.budgets.get(self.cfg.pool).enqueue(_tokens(features))
+                router.budgets.get(self.cfg.pool).enqueue(self._tokens(router, features))
         else:
             if router.budgets is not None:  # it wanted in: the next demand says so
-                router.budgets.get(self.cfg.pool).refused_tokens(_tokens(features))
+                router.budgets.get(self.cfg.pool).refused_tokens(self._tokens(router, features))
             self._reject(rec, d)
         if len(router.queue):
             self._pump(k)
@@ -601,14 +611,25 @@ class Simulation:
     def _placement(self, router: SimRouter, features: RequestFeatures) -> adm.Placement:
         preds = router.policy.predictions(PoolSnapshot(router.view, router.inflight, frozenset(),  # type: ignore[attr-defined]
                                                        slo=self.cfg.slo), features)
-        room = router.budgets is None or router.budgets.get(self.cfg.pool).allows(
-            class_of(features.priority), features.prompt_tokens, features.max_tokens or 0)
+        room = router.budgets is None or router.budgets.get(self.cfg.pool).allows_tokens(
+            class_of(features.priority), self._tokens(router, features))
         return adm.placement(preds, self.cfg.admission.tpot_guard, self._slo.tpot_s, room)  # type: ignore[union-attr]
+
+    def _tokens(self, router: SimRouter, features: RequestFeatures) -> Tokens:
+        """A request's tokens in its router's budget, counted once (at its first use) with the
+        output the policy expects then, as the live gate does: what it enqueues, acquires and
+        releases is the same whatever the policy learns meanwhile."""
+        t = self._budget_tokens.get(features.req_id)
+        if t is None:
+            t = self._budget_tokens[features.req_id] = Tokens.request(features.prompt_tokens,
+                                                                       expected_output(router.policy, features))
+        return t
 
     def _reject(self, rec: RequestRecord, d: adm.Decision) -> None:
         rec.rejected = d.reason
         rec.reject_s = self.now
         self._features.pop(rec.req.req_id, None)
+        self._budget_tokens.pop(rec.req.req_id, None)
         self._misses += 1
 
     def _dispatch_held(self, router: SimRouter, rec: RequestRecord, d: adm.Decision) -> None:
@@ -625,7 +646,7 @@ class Simulation:
         def left(h: adm.Held) -> None:
             self._held -= 1
             if router.budgets is not None:
-                router.budgets.get(self.cfg.pool).dequeue(_tokens(self._features[h.key]))  # type: ignore[index]
+                router.budgets.get(self.cfg.pool).dequeue(self._tokens(router, self._features[h.key]))  # type: ignore[index]
 
         def dispatch(h: adm.Held, d: adm.Decision) -> None:
             left(h)
@@ -633,7 +654,7 @@ class Simulation:
 
         def reject(h: adm.Held, d: adm.Decision) -> None:
             if router.budgets is not None:  # it wanted in, as one rejected at arrival
-                router.budgets.get(self.cfg.pool).refused_tokens(_tokens(self._features[h.key]))  # type: ignore[index]
+                router.budgets.get(self.cfg.pool).refused_tokens(self._tokens(router, self._features[h.key]))  # type: ignore[index]
             left(h)
             self._reject(self.records[h.key], d)  # type: ignore[index]
 
@@ -680,7 +701,7 @@ class Simulation:
         self._outstanding += 1
         self._features[req.req_id] = features
         if router.budgets is not None:
-            self._holds[req.req_id] = router.budgets.get(self.cfg.pool).acquire_tokens(_tokens(features))
+            self._holds[req.req_id] = router.budgets.get(self.cfg.pool).acquire_tokens(self._tokens(router, features))
         notify(router.policy, "on_dispatch", features, rep.replica_id)
 
     def _route_to(self, req: SimRequest) -> int:
@@ -792,8 +813,6 @@ class Simulation:
         return self.routers[0].view
 
 
-def _tokens(features: RequestFeatures) -> Tokens:
-    return Tokens.request(features.prompt_tokens, features.max_tokens or 0)
 
 
 def makespan(result: SimResult) -> float:

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tidegate.policy import admission as adm
 from tidegate.policy.admission_budget import Hold, RouterBudget, Tokens
-from tidegate.policy.registry import PoolSnapshot, RequestFeatures, SloTargets, enforce_tpot_plan
+from tidegate.policy.registry import PoolSnapshot, RequestFeatures, SloTargets, enforce_tpot_plan, expected_output
 from tidegate.router.parse import error_body
 
 REASON_HEADER = "x-tidegate-reject-reason"
@@ -168,9 +168,9 @@ class Gate:
         return p.queue.lengths() if p is not None else {}
 
     def _placement(self, p: _Pool, snapshot: PoolSnapshot, request: RequestFeatures, cls: str,
-                   budget: RouterBudget | None) -> adm.Placement:
+                   budget: RouterBudget | None, tokens: Tokens) -> adm.Placement:
         preds = p.policy.predictions(snapshot, request)  # type: ignore[attr-defined]
-        room = budget is None or budget.allows(cls, request.prompt_tokens, request.max_tokens or 0)
+        room = budget is None or budget.allows_tokens(cls, tokens)
         return adm.placement(preds, self.cfg.tpot_guard, snapshot.slo.tpot_s if snapshot.slo else None, room)
 
     async def admit(self, pool: str, policy: object, request: RequestFeatures, cls: str, slo: SloTargets,
@@ -183,8 +183,9 @@ class Gate:
         snap = snapshot(slo)
         if not snap.candidates():
             return Admitted(frozenset())  # the pick answers 503: no routable replica
-        place = self._placement(p, snap, request, cls, budget)
-        tokens = Tokens.request(request.prompt_tokens, request.max_tokens or 0)
+        # Counted once, with the output the policy expects now: what it acquires is what it releases.
+        tokens = Tokens.request(request.prompt_tokens, expected_output(policy, request))
+        place = self._placement(p, snap, request, cls, budget, tokens)
         if p.busy:  # a held request is being sent right now: this one may only go after it
             place = dataclasses.replace(place, open=frozenset())
         key = next(self._keys)
@@ -263,7 +264,7 @@ class Gate:
 
         def predict(h: adm.Held) -> adm.Placement:
             w = p.waiters[h.key]  # type: ignore[index]
-            return self._placement(p, w.snapshot(w.slo), w.request, w.cls, w.budget)
+            return self._placement(p, w.snapshot(w.slo), w.request, w.cls, w.budget, w.tokens)
 
         def dispatch(h: adm.Held, d: adm.Decision) -> None:
             w = p.waiters.pop(h.key)  # type: ignore[call-overload]

@@ -31,7 +31,7 @@ import structlog
 from aiohttp import web
 
 from tidegate.policy import registry
-from tidegate.policy.admission_budget import Hold
+from tidegate.policy.admission_budget import Hold, Tokens
 from tidegate.policy.pick import RequestFeatures
 from tidegate.policy.registry import SloTargets
 from tidegate.router.admission import Gate, Rejected, rejection_response
@@ -381,13 +381,13 @@ class Proxy:
             if budget is None:
                 return await self._send(request, body, table, features, t0, rclass, policy, req)
             # No queue to wait in: a request the share has no room for is refused at once.
-            max_tokens = features.max_tokens or 0
-            if not budget.allows(rclass.name, features.prompt_tokens, max_tokens):
-                budget.refused(features.prompt_tokens, max_tokens)
+            tokens = Tokens.request(features.prompt_tokens, registry.expected_output(policy, req))
+            if not budget.allows_tokens(rclass.name, tokens):
+                budget.refused_tokens(tokens)
                 return json_error(429, f"this router's share of the admission budget of {table.pool!r} is in use",
                                   "rate_limit_exceeded", code=BUDGET_EXHAUSTED,
                                   headers={"Retry-After": "1", REJECT_HEADER: BUDGET_EXHAUSTED})
-            hold = request[_EXCHANGE].hold = budget.acquire(features.prompt_tokens, max_tokens)
+            hold = request[_EXCHANGE].hold = budget.acquire_tokens(tokens)
             try:
                 return await self._send(request, body, table, features, t0, rclass, policy, req)
             finally:

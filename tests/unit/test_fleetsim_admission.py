@@ -127,20 +127,20 @@ def test_budgets_are_split_among_the_routers_enforced_and_released() -> None:
     s._send = sending_class  # type: ignore[method-assign]
     for router in s.routers:
         ledger = router.budgets.get("sim")
-        acquire, allows = ledger.acquire_tokens, ledger.allows
+        acquire, allows = ledger.acquire_tokens, ledger.allows_tokens
 
         def watched_acquire(t: Tokens, ledger=ledger, acquire=acquire):  # noqa: ANN001, ANN202
             dispatches.append((ledger.held, t, ledger.share, ledger.class_fraction[sending[-1]]))
             return acquire(t)
 
-        def watched_allows(cls: str, prompt_tokens: int, max_tokens: int = 0, allows=allows) -> bool:  # noqa: ANN001
+        def watched_allows(cls: str, t: Tokens, allows=allows) -> bool:  # noqa: ANN001
             nonlocal refusals
-            ok = allows(cls, prompt_tokens, max_tokens)
+            ok = allows(cls, t)
             refusals += not ok
             return ok
 
         ledger.acquire_tokens = watched_acquire  # type: ignore[method-assign]
-        ledger.allows = watched_allows  # type: ignore[method-assign]
+        ledger.allows_tokens = watched_allows  # type: ignore[method-assign]
     res = s.run()
     assert s._budget_written is not None
     rec = s._budget_written[0]

@@ -105,6 +105,20 @@ def test_hide_max_tokens_sends_requests_without_the_true_output_length(hide, wan
     assert all(r.finish_s is not None for r in res.records)
 
 
+@pytest.mark.parametrize(("cap", "want"), [(None, 20), (4096, 4096), (5, 20)])
+def test_a_max_tokens_cap_is_sent_above_the_true_output_never_below(cap, want):
+    pol = FakeFirstPick()
+    res = Simulation([H100], [pol], reqs_with_sessions(8), SimConfig(max_tokens_cap=cap)).run()
+    assert pol.max_tokens == [want] * 8
+    # The engines write the trace's output whatever the cap.
+    assert all(r.finish_s is not None for r in res.records)
+
+
+def test_a_max_tokens_cap_must_be_positive():
+    with pytest.raises(ValueError, match="max_tokens_cap"):
+        SimConfig(max_tokens_cap=0)
+
+
 @pytest.mark.parametrize("share", [0.0, 0.25, 0.5, 1.0])
 def test_a_share_of_the_requests_comes_without_max_tokens_chosen_by_the_seed(share):
     def hidden(seed: int) -> list[int]:

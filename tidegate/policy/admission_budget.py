@@ -8,8 +8,10 @@ request. The simulator can run the same code.
 
 Units, counted per request by the router (`Tokens`):
 - prefill_tokens: prompt tokens of requests that have not had their first token yet;
-- kv_tokens: prompt + half max_tokens of every request in flight (what it holds over its life,
-  predict.held_kv);
+- kv_tokens: prompt + half the expected output of every request in flight (what it holds over
+  its life, predict.held_kv; the output as the policy expects it, registry.expected_output: clients
+  set max_tokens as a cap, and counting the cap shed conversation traffic at 51-73 % of the
+  capacity when every client sent 4,096-16,384);
 - sequences: requests in flight.
 
 Pool total, over the routable replicas with fitted rates (each scaled by its SLO feedback
@@ -82,9 +84,12 @@ class Tokens:
         return Tokens(p, k, s)
 
     @staticmethod
-    def request(prompt_tokens: int, max_tokens: int) -> Tokens:
+    def request(prompt_tokens: int, output_tokens: float) -> Tokens:
+        """One request's tokens, `output_tokens` the answer it is expected to write (the policy's
+        estimate: registry.expected_output), not its max_tokens, which clients set as a cap."""
         p = max(0, prompt_tokens)
-        return Tokens(float(p), held_kv(p, max(0, max_tokens)), 1.0)
+        out = output_tokens if output_tokens > 0 else 0.0   # (NaN: 0)
+        return Tokens(float(p), held_kv(p, out), 1.0)
 
 
 @dataclass(frozen=True)
@@ -187,12 +192,15 @@ class RouterBudget:
             self.class_fraction.update({k: v for k, v in class_fraction.items()
                                         if k in CLASSES and math.isfinite(v) and 0 < v <= 1})
 
-    def allows(self, cls: str, prompt_tokens: int, max_tokens: int = 0) -> bool:
+    def allows(self, cls: str, prompt_tokens: int, output_tokens: float = 0.0) -> bool:
         """May a request of class `cls` start now? Pure check: records nothing."""
+        return self.allows_tokens(cls, Tokens.request(prompt_tokens, output_tokens))
+
+    def allows_tokens(self, cls: str, t: Tokens) -> bool:
         if self.share is None or self.held.sequences <= 0:
             return True
         f = self.class_fraction.get(cls, self.class_fraction.get(STANDARD, 1.0))
-        after = self.held + Tokens.request(prompt_tokens, max_tokens)
+        after = self.held + t
         return all(a <= s * f + 1e-9 for a, s in zip(after.values(), self.share.values(), strict=True))
 
     def enqueue(self, t: Tokens) -> None:
@@ -203,15 +211,15 @@ class RouterBudget:
         """A waiting request left the queue (dispatched, rejected or gone)."""
         self.queued = Tokens.of(max(0.0, v) for v in (self.queued - t).values())
 
-    def refused(self, prompt_tokens: int, max_tokens: int = 0) -> None:
+    def refused(self, prompt_tokens: int, output_tokens: float = 0.0) -> None:
         """A request that wanted in and was turned away: counts in the next demand."""
-        self.refused_tokens(Tokens.request(prompt_tokens, max_tokens))
+        self.refused_tokens(Tokens.request(prompt_tokens, output_tokens))
 
     def refused_tokens(self, t: Tokens) -> None:
         self._wanted += t
 
-    def acquire(self, prompt_tokens: int, max_tokens: int = 0) -> Hold:
-        return self.acquire_tokens(Tokens.request(prompt_tokens, max_tokens))
+    def acquire(self, prompt_tokens: int, output_tokens: float = 0.0) -> Hold:
+        return self.acquire_tokens(Tokens.request(prompt_tokens, output_tokens))
 
     def acquire_tokens(self, t: Tokens) -> Hold:
         self.held += t

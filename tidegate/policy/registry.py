@@ -145,6 +145,16 @@ def notify(policy: object, hook: str, request: RequestFeatures, replica_id: str)
         fn(request, replica_id)
 
 
+def expected_output(policy: object, request: RequestFeatures) -> float:
+    """The output tokens a request is expected to write: the policy's own estimate when it keeps
+    one (`expected_output`: the `tidegate` pick scales max_tokens by the share of the cap answers
+    used, or takes the mean answer when there is none), else the request's max_tokens (0 without)."""
+    fn = getattr(policy, "expected_output", None)
+    if fn is not None:
+        return float(fn(request))
+    return float(request.max_tokens or 0)
+
+
 def notify_output(policy: object, request: RequestFeatures, replica_id: str, output_tokens: int) -> None:
     """Tell a policy that has `on_output` how many tokens a request produced (after on_complete)."""
     fn = getattr(policy, "on_output", None)

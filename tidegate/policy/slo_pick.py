@@ -209,6 +209,11 @@ class TidegatePolicy:
             return max(1.0, float(request.max_tokens) * self._cap_use)
         return self._mean_output
 
+    def expected_output(self, request: RequestFeatures) -> float:
+        """Output tokens the request is expected to write (registry.expected_output: the admission
+        budget counts requests with it)."""
+        return self._output(request)
+
     def _own_share(self, table: int) -> float:
         """This router's share of the pool's in-flight requests: its own in-flight count over the
         table's running + waiting (`table`), both summed over the pool (one replica's noise does
