@@ -189,6 +189,29 @@ async def test_an_arrival_while_a_held_request_is_being_sent_goes_after_it() -> 
     g.close()
 
 
+async def test_the_budget_counts_the_answer_the_policy_expects_not_the_max_tokens_cap() -> None:
+    """A client that sends max_tokens 16,384 on every request: the held request counts its prompt
+    and half the output the policy expects (here 100 tokens), not half the cap."""
+    g, _, _ = gate()
+
+    class ExpectsShortAnswers(FakePolicy):
+        def expected_output(self, request) -> float:  # noqa: ANN001
+            return 100.0
+
+    pol = ExpectsShortAnswers()
+    pol.queued = {"r0": 900.0, "r1": 900.0}          # over both budgets: it is held
+    budget = RouterBudget()
+    t = asyncio.create_task(g.admit("m", pol, FakeRequest(500, 16_384), "standard", SLO, 0.0,  # type: ignore[arg-type]
+                                    snapshot, budget))
+    await asyncio.sleep(0)
+    assert budget.queued == Tokens(500.0, 550.0, 1.0)
+    t.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await t
+    assert budget.queued == Tokens()                  # it left the queue: its tokens too
+    g.close()
+
+
 async def test_a_request_rejected_from_the_queue_counts_once_in_metrics_and_in_the_demand() -> None:
     """Rejected after waiting (its deadline passed while held): out of the ledger's queued tokens,
     into its refused ones (the next demand report), and counted once in the metrics."""

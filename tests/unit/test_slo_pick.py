@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tidegate.policy.affinity import PrefixBlocks, PrefixIndex, home_order
 from tidegate.policy.predict import DEFAULT_RATES, Rates, ReplicaLoad, pool_rates, predict, pushed_out
-from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets
+from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo, SloTargets, expected_output
 from tidegate.policy.slo_pick import TidegatePolicy
 
 CAP = 400_000
@@ -574,3 +574,20 @@ def test_long_answers_in_flight_leave_the_kv_room_they_have_not_written_yet():
     # Its own fit still asks room for its whole output: a replica with less free than that waits.
     tight = PoolSnapshot(entries=(e("a", running=250, free=1000, cap=cap), e("b", cap=cap)))
     assert {p.replica_id: p for p in pol.predictions(tight, req(300, out=1500))}["a"].kv_wait_s > 0
+
+
+def test_the_expected_output_is_the_cap_scaled_by_the_share_answers_used():
+    """What the admission budget counts (registry.expected_output): a 16,384 cap on answers that
+    write ~128 tokens is expected to write about 128, not 16,384; without a cap, the mean answer."""
+    pol = TidegatePolicy()
+    assert expected_output(pol, req(500, out=16_384)) == pytest.approx(16_384)   # nothing learned yet
+    for i in range(2000):
+        done = req(500, out=16_384, rid=f"d{i}")
+        pol.on_dispatch(done, "a")
+        pol.on_complete(done, "a")
+        pol.on_output(done, "a", 128)
+    assert expected_output(pol, req(500, out=16_384)) == pytest.approx(128, rel=0.05)
+    assert expected_output(pol, req(500, out=None)) == pytest.approx(128, rel=0.05)
+    # A policy without an estimate: the request's max_tokens, 0 without.
+    assert expected_output(object(), req(500, out=300)) == 300.0
+    assert expected_output(object(), req(500, out=None)) == 0.0
