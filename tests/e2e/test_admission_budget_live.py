@@ -23,6 +23,7 @@ from livefleet import Cli, distinct_prompts, fitted_rates, up_fleet, warm_rates 
 from polling import wait_until  # type: ignore[import-not-found]
 
 from tidegate.fleet.up import Fleet
+from tidegate.policy.predict import held_kv
 from tidegate.tokens import count_completion_prompt_tokens
 
 pytestmark = pytest.mark.e2e
@@ -43,9 +44,11 @@ def _budget(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def _send(url: str, prompt: str, max_tokens: int = MAX_TOKENS) -> int:
+    # Streamed, so the router's first-byte timeout (60 s) runs to the first token, not to the end
+    # of an answer written beside ~200 others on one engine (~60 s here).
     req = urllib.request.Request(url + "/v1/completions", method="POST",
-                                 data=json.dumps({"model": MODEL, "prompt": prompt,
-                                                  "max_tokens": max_tokens}).encode(),
+                                 data=json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
+                                                  "stream": True}).encode(),
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as resp:
@@ -59,8 +62,10 @@ def _send(url: str, prompt: str, max_tokens: int = MAX_TOKENS) -> int:
 
 
 def _capacity(total: dict[str, float], fraction: float, prompt_tokens: int) -> float:
-    """Requests of this size the whole budget admits (the binding unit decides)."""
-    per = {"prefillTokens": prompt_tokens, "kvTokens": prompt_tokens + MAX_TOKENS, "sequences": 1}
+    """Requests of this size the whole budget admits (the binding unit decides). The simulated
+    engine writes exactly max_tokens, so the policy expects MAX_TOKENS of output, and a request in
+    flight counts its prompt and half of that in the KV unit (predict.held_kv)."""
+    per = {"prefillTokens": prompt_tokens, "kvTokens": held_kv(prompt_tokens, MAX_TOKENS), "sequences": 1}
     return min(total.get(unit, 0.0) * fraction / size for unit, size in per.items())
 
 
