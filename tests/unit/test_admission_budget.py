@@ -99,17 +99,18 @@ def test_split_properties(total: float, wants: dict[str, float], floor: float) -
 def test_router_budget_enforces_class_fractions() -> None:
     b = RouterBudget()
     b.set_share(Tokens(1000, 10000, 10))
-    holds = [b.acquire(100, 100) for _ in range(4)]        # 400 prefill, 800 kv, 4 seqs
-    assert b.allows("sheddable", 100, 100)                 # 500 <= 0.5 * 1000
-    holds.append(b.acquire(100, 100))
-    assert not b.allows("sheddable", 100, 100)             # 600 > 500
-    assert b.allows("standard", 100, 100)                  # 600 <= 900
-    holds += [b.acquire(100, 100) for _ in range(4)]
-    assert not b.allows("standard", 100, 100) and b.allows("critical", 100, 100)
+    q = Tokens.request(100, 100)                           # (100, 150, 1)
+    holds = [b.acquire_tokens(q) for _ in range(4)]        # 400 prefill, 600 kv, 4 seqs
+    assert b.allows_tokens("sheddable", q)                 # 500 <= 0.5 * 1000
+    holds.append(b.acquire_tokens(q))
+    assert not b.allows_tokens("sheddable", q)             # 600 > 500
+    assert b.allows_tokens("standard", q)                  # 600 <= 900
+    holds += [b.acquire_tokens(q) for _ in range(4)]
+    assert not b.allows_tokens("standard", q) and b.allows_tokens("critical", q)
     for h in holds:
         h.first_token()                                    # prefill done: only sequences bind now
     assert b.held.prefill_tokens == 0 and b.held.sequences == 9
-    assert b.allows("critical", 100, 100) and not b.allows("standard", 100, 100)
+    assert b.allows_tokens("critical", q) and not b.allows_tokens("standard", q)
     for h in holds:
         h.release()
         h.release()                                        # idempotent
@@ -118,20 +119,20 @@ def test_router_budget_enforces_class_fractions() -> None:
 
 def test_router_budget_admits_one_whatever_its_size_and_without_share() -> None:
     b = RouterBudget()
-    assert b.allows("sheddable", 10**9)
+    assert b.allows_tokens("sheddable", Tokens.request(10**9))
     b.set_share(Tokens(10, 10, 1))
-    assert b.allows("sheddable", 10**6)
-    h = b.acquire(10**6)
-    assert not b.allows("critical", 1)
+    assert b.allows_tokens("sheddable", Tokens.request(10**6))
+    h = b.acquire_tokens(Tokens.request(10**6))
+    assert not b.allows_tokens("critical", Tokens.request(1))
     h.release()
     b.set_share(None)
-    assert b.allows("sheddable", 10**9)
+    assert b.allows_tokens("sheddable", Tokens.request(10**9))
 
 
 def test_demand_counts_held_and_refused_then_resets() -> None:
     b = RouterBudget()
-    b.acquire(100, 50)
-    b.refused(200, 0)
+    b.acquire_tokens(Tokens.request(100, 50))
+    b.refused_tokens(Tokens.request(200, 0))
     # KV: each prompt and half its max_tokens (predict.held_kv)
     assert b.demand() == Tokens(300, 325, 2)
     assert b.demand() == Tokens(100, 125, 1)
@@ -170,9 +171,9 @@ def test_ledger_never_exceeds_share_except_the_first_and_returns_to_zero(ops: li
     b.set_share(share)
     holds = []
     for cls, p, m, then in ops:
-        if b.allows(cls, p, m):
+        if b.allows_tokens(cls, Tokens.request(p, m)):
             alone = b.held.sequences == 0
-            holds.append(b.acquire(p, m))
+            holds.append(b.acquire_tokens(Tokens.request(p, m)))
             if not alone:
                 assert all(h <= s + 1e-6 for h, s in zip(b.held.values(), share.values(), strict=True))
         if then == "first" and holds:

@@ -82,9 +82,9 @@ def test_router_takes_its_own_share() -> None:
     b.apply(key, KeyValue(key, codec.encode(rec), 1))
     pool = b.get("m")
     assert pool.share == Tokens(40, 400, 4) and pool.class_fraction["sheddable"] == 0.5
-    pool.acquire(20, 20)
-    assert not pool.allows("sheddable", 1, 0) and pool.allows("critical", 20, 0)
-    pool.refused(5, 0)
+    pool.acquire_tokens(Tokens.request(20, 20))
+    assert not pool.allows_tokens("sheddable", Tokens.request(1)) and pool.allows_tokens("critical", Tokens.request(20))
+    pool.refused_tokens(Tokens.request(5))
     assert b.demand() == {"m": Tokens(25, 35, 2)}   # KV: 20 + 20 / 2 held, 5 refused
     other = AdmissionBudgets(None, "someone-else")
     other.apply(key, KeyValue(key, codec.encode(rec), 1))

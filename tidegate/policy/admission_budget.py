@@ -30,7 +30,7 @@ router gets more than it asked while another wants more), and what demand leaves
 split evenly. Shares sum to the total exactly; only live routers (a presence key: its lease
 holds) take part, so a router whose lease expired gives its share back on the next tick.
 
-Enforcement (`RouterBudget.allows`, asked by the router's admission queue as part of its dispatch decision,
+Enforcement (`RouterBudget.allows_tokens`, asked by the router's admission queue as part of its dispatch decision,
 tidegate.policy.admission): a request of class c is dispatched while, on every unit,
 held + request <= share * class_fraction[c] (critical 1.0, standard 0.9, sheddable 0.5 by
 default: the lower classes stop first and leave room for the higher). A router holding
@@ -84,12 +84,11 @@ class Tokens:
         return Tokens(p, k, s)
 
     @staticmethod
-    def request(prompt_tokens: int, output_tokens: float) -> Tokens:
+    def request(prompt_tokens: int, output_tokens: float = 0.0) -> Tokens:
         """One request's tokens, `output_tokens` the answer it is expected to write (the policy's
         estimate: registry.expected_output), not its max_tokens, which clients set as a cap."""
         p = max(0, prompt_tokens)
-        out = output_tokens if output_tokens > 0 else 0.0   # (NaN: 0)
-        return Tokens(float(p), held_kv(p, out), 1.0)
+        return Tokens(float(p), held_kv(p, output_tokens), 1.0)
 
 
 @dataclass(frozen=True)
@@ -192,11 +191,9 @@ class RouterBudget:
             self.class_fraction.update({k: v for k, v in class_fraction.items()
                                         if k in CLASSES and math.isfinite(v) and 0 < v <= 1})
 
-    def allows(self, cls: str, prompt_tokens: int, output_tokens: float = 0.0) -> bool:
-        """May a request of class `cls` start now? Pure check: records nothing."""
-        return self.allows_tokens(cls, Tokens.request(prompt_tokens, output_tokens))
-
     def allows_tokens(self, cls: str, t: Tokens) -> bool:
+        """May a request of class `cls` and tokens `t` (Tokens.request) start now? Pure check:
+        records nothing."""
         if self.share is None or self.held.sequences <= 0:
             return True
         f = self.class_fraction.get(cls, self.class_fraction.get(STANDARD, 1.0))
@@ -211,15 +208,9 @@ class RouterBudget:
         """A waiting request left the queue (dispatched, rejected or gone)."""
         self.queued = Tokens.of(max(0.0, v) for v in (self.queued - t).values())
 
-    def refused(self, prompt_tokens: int, output_tokens: float = 0.0) -> None:
-        """A request that wanted in and was turned away: counts in the next demand."""
-        self.refused_tokens(Tokens.request(prompt_tokens, output_tokens))
-
     def refused_tokens(self, t: Tokens) -> None:
+        """A request that wanted in and was turned away: counts in the next demand."""
         self._wanted += t
-
-    def acquire(self, prompt_tokens: int, output_tokens: float = 0.0) -> Hold:
-        return self.acquire_tokens(Tokens.request(prompt_tokens, output_tokens))
 
     def acquire_tokens(self, t: Tokens) -> Hold:
         self.held += t
