@@ -95,6 +95,38 @@ def test_higher_class_arrivals_that_take_the_drain_shed_a_lower_class_at_once() 
     assert q.arrive("s2", "sheddable", 30.0, 32.0, closed).action == HOLD
 
 
+@pytest.mark.parametrize(("case", "cls", "tokens", "now", "action", "reason"), [
+    ("longer than the class's arrivals: shed", "standard", 8000, 0.0, REJECT, SHED),
+    ("shorter than them: held", "standard", 500, 0.0, HOLD, ""),
+    ("in their size bucket: not behind them, held", "standard", 2000, 0.0, HOLD, ""),
+    ("a higher class is not behind a lower one's short prompts", "critical", 8000, 0.0, HOLD, ""),
+    ("long after the burst: held", "standard", 8000, 30.0, HOLD, ""),
+])
+def test_shorter_prompts_of_its_class_that_take_the_drain_shed_a_long_one_at_once(
+        case: str, cls: str, tokens: float, now: float, action: str, reason: str) -> None:
+    """Shorter first: a class's shorter prompts arriving meanwhile count as served before it, so
+    when they alone take the drain, a long prompt of the class is refused at arrival (it would
+    take the capacity of several of them), while a short one still waits."""
+    q = AdmissionQueue(cfg(queue=64))
+    for i in range(10):  # 10 x 2,000 standard tokens dispatched now: the whole 10k tokens/s drain
+        assert q.arrive(f"a{i}", "standard", 0.0, 2.0, place(0.1, tokens=2000)).action == DISPATCH
+    d = q.arrive("new", cls, now, now + 2.0, place(0.1, frozenset(), tokens=tokens))
+    assert (d.action, d.reason) == (action, reason), case
+
+
+def test_shorter_prompts_already_held_are_not_counted_again_as_arriving() -> None:
+    """Held, the shorter prompts are in the backlog ahead of a long one, not in the arrivals still
+    to come: holding one takes its tokens out of the shorter-first rate."""
+    q = AdmissionQueue(cfg(queue=64))
+    for i in range(5):  # 5 x 1,000 standard tokens over the 2 s horizon: 2.5k tokens/s of the 10k
+        held(q, "standard", f"h{i}", 1000)
+    long_ = place(0.1, frozenset(), tokens=8000)
+    # The 5,000 held tokens are ahead of it either way; counted twice (held and arriving) its wait
+    # would be 13,000 / 7,500 tokens/s = 1.73 s, past its deadline with the 0.1 s TTFT.
+    assert q._shorter_tps("standard", 8000, 0.0) == pytest.approx(0.0)
+    assert q.arrive("long", "standard", 0.0, 2.0, long_).action == HOLD
+
+
 def test_a_request_over_budget_is_not_overtaken_by_its_own_class_and_goes_when_the_share_frees() -> None:
     q = AdmissionQueue(cfg())
     assert q.arrive("a", "critical", 0.0, 2.0, place(0.2, budget=False)).action == HOLD

@@ -226,7 +226,9 @@ def test_realized_tpots_reach_the_policys_plan_only_under_admission(admission) -
 def test_first_tokens_teach_each_router_its_ttft_margin() -> None:
     """Every admitted request's first token reports, to its own router's queue, its TTFT from the
     dispatch against the TTFT the dispatch counted on; 'off' keeps the margin at 0."""
-    s = sim(AdmissionConfig(), routers=2)
+    # 600 requests: the default 400 end before the errors' 0.95 quantile turns positive (the
+    # shorter-first shed refuses the long prompts that ran late).
+    s = sim(AdmissionConfig(), reqs=overload(600), routers=2)
     res = s.run()
     for k, router in enumerate(s.routers):
         served = sum(1 for r in res.records if r.router == k and r.first_token_s is not None)
@@ -244,7 +246,7 @@ def test_first_tokens_teach_each_router_its_ttft_margin() -> None:
 def test_results_carry_each_routers_final_margins() -> None:
     """Per router, the margins its decisions ended on (the figures that show several routers
     planning worse than one), and none without admission."""
-    s = sim(AdmissionConfig(), routers=2)
+    s = sim(AdmissionConfig(), reqs=overload(600), routers=2)  # long enough to run late (above)
     res = s.run()
     summary = results.summarize(res, policy="tidegate", load=None, slo_ttft_s=2.0, slo_tpot_s=0.1)
     assert len(summary["router_margins"]) == 2
