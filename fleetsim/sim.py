@@ -81,6 +81,7 @@ from tidegate.fleetsim.workload import SimRequest
 from tidegate.policy import admission as adm
 from tidegate.policy.admission_budget import BudgetConfig, Hold, Tokens
 from tidegate.policy.classes import class_of
+from tidegate.policy.predict import Prediction
 from tidegate.policy.rates import RateEstimatorConfig
 from tidegate.policy.registry import (
     LiveLoad,
@@ -612,17 +613,19 @@ class Simulation:
         preds = router.policy.predictions(PoolSnapshot(router.view, router.inflight, frozenset(),  # type: ignore[attr-defined]
                                                        slo=self.cfg.slo), features)
         room = router.budgets is None or router.budgets.get(self.cfg.pool).allows_tokens(
-            class_of(features.priority), self._tokens(router, features))
+            class_of(features.priority), self._tokens(router, features, preds))
         return adm.placement(preds, self.cfg.admission.tpot_guard, self._slo.tpot_s, room)  # type: ignore[union-attr]
 
-    def _tokens(self, router: SimRouter, features: RequestFeatures) -> Tokens:
-        """A request's tokens in its router's budget, counted once (at its first use) with the
-        output the policy expects then, as the live gate does: what it enqueues, acquires and
-        releases is the same whatever the policy learns meanwhile."""
+    def _tokens(self, router: SimRouter, features: RequestFeatures,
+                preds: list[Prediction] | None = None) -> Tokens:
+        """A request's tokens in its router's budget, counted once (at its first use: its arrival's
+        placement, `preds`) with the prefill and output the policy expects then, as the live gate
+        does: what it enqueues, acquires and releases is the same whatever the policy learns
+        meanwhile."""
         t = self._budget_tokens.get(features.req_id)
         if t is None:
-            t = self._budget_tokens[features.req_id] = Tokens.request(features.prompt_tokens,
-                                                                       expected_output(router.policy, features))
+            prefill = adm.own_prefill(preds, features.prompt_tokens) if preds is not None else features.prompt_tokens
+            t = self._budget_tokens[features.req_id] = Tokens.request(prefill, expected_output(router.policy, features))
         return t
 
     def _reject(self, rec: RequestRecord, d: adm.Decision) -> None:

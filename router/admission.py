@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tidegate.policy import admission as adm
 from tidegate.policy.admission_budget import Hold, RouterBudget, Tokens
+from tidegate.policy.predict import Prediction
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, SloTargets, enforce_tpot_plan, expected_output
 from tidegate.router.parse import error_body
 
@@ -168,8 +169,10 @@ class Gate:
         return p.queue.lengths() if p is not None else {}
 
     def _placement(self, p: _Pool, snapshot: PoolSnapshot, request: RequestFeatures, cls: str,
-                   budget: RouterBudget | None, tokens: Tokens) -> adm.Placement:
-        preds = p.policy.predictions(snapshot, request)  # type: ignore[attr-defined]
+                   budget: RouterBudget | None, tokens: Tokens,
+                   preds: list[Prediction] | None = None) -> adm.Placement:
+        if preds is None:
+            preds = p.policy.predictions(snapshot, request)  # type: ignore[attr-defined]
         room = budget is None or budget.allows_tokens(cls, tokens)
         return adm.placement(preds, self.cfg.tpot_guard, snapshot.slo.tpot_s if snapshot.slo else None, room)
 
@@ -183,9 +186,11 @@ class Gate:
         snap = snapshot(slo)
         if not snap.candidates():
             return Admitted(frozenset())  # the pick answers 503: no routable replica
-        # Counted once, with the output the policy expects now: what it acquires is what it releases.
-        tokens = Tokens.request(request.prompt_tokens, expected_output(policy, request))
-        place = self._placement(p, snap, request, cls, budget, tokens)
+        # Counted once, with the prefill and output the policy expects now: what it acquires is
+        # what it releases.
+        preds = p.policy.predictions(snap, request)  # type: ignore[attr-defined]
+        tokens = Tokens.request(adm.own_prefill(preds, request.prompt_tokens), expected_output(policy, request))
+        place = self._placement(p, snap, request, cls, budget, tokens, preds)
         if p.busy:  # a held request is being sent right now: this one may only go after it
             place = dataclasses.replace(place, open=frozenset())
         key = next(self._keys)

@@ -127,6 +127,17 @@ def test_shorter_prompts_already_held_are_not_counted_again_as_arriving() -> Non
     assert q.arrive("long", "standard", 0.0, 2.0, long_).action == HOLD
 
 
+@pytest.mark.parametrize(("case", "preds", "prompt", "own"), [
+    ("nothing predicted: the whole prompt", [], 5000, 5000.0),
+    ("the best-predicted replica's uncached prompt", [("r0", 0, 5000, 0.6), ("r1", 4200, 800, 0.1)], 5000, 800.0),
+    ("ties go by replica id", [("r1", 0, 5000, 0.1), ("r0", 4200, 800, 0.1)], 5000, 800.0),
+])
+def test_own_prefill(case: str, preds: list, prompt: int, own: float) -> None:
+    """What the admission budget counts of a request's prompt."""
+    ps = [Prediction(rid, cached, prefill, ttft, 0.05, 0.0, 0.0, 1.0) for rid, cached, prefill, ttft in preds]
+    assert adm.own_prefill(ps, prompt) == own, case
+
+
 def test_a_request_over_budget_is_not_overtaken_by_its_own_class_and_goes_when_the_share_frees() -> None:
     q = AdmissionQueue(cfg())
     assert q.arrive("a", "critical", 0.0, 2.0, place(0.2, budget=False)).action == HOLD

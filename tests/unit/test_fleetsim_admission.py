@@ -265,3 +265,16 @@ def test_admission_enforces_the_policys_tpot_plan_from_the_first_request() -> No
     without = sim(None)
     assert [r.policy.tpot_plan.enforced for r in with_queue.routers] == [True]
     assert [r.policy.tpot_plan.enforced for r in without.routers] == [False]
+
+
+def test_a_shared_prefix_counts_once_in_the_admission_budget() -> None:
+    """Conversations share a 7,936-token system prompt: the engines hold it once and prefill 64
+    tokens of each, so the budget's prefill and KV units count what each request adds (its
+    uncached prompt and half its answer), not its whole prompt: none is refused. Counting whole
+    prompts (8,000 tokens each against two 448k-token caches) shed 93 of the 300."""
+    shared = tuple(range(1000, 1124))  # 124 blocks of 64 tokens
+    reqs = [workload.SimRequest(i, i / 25.0, 8000, 200, shared + (5000 + i,)) for i in range(300)]
+    res = Simulation([H100] * 2, [registry.create("tidegate")], reqs,
+                     SimConfig(admission=AdmissionConfig(), budgets=BudgetConfig()), seed=1).run()
+    assert [r.rejected for r in res.records if r.rejected] == []
+    assert all(r.finish_s is not None for r in res.records)

@@ -212,6 +212,32 @@ async def test_the_budget_counts_the_answer_the_policy_expects_not_the_max_token
     g.close()
 
 
+async def test_the_budget_counts_the_prompt_less_the_prefix_cached_where_it_is_best_placed() -> None:
+    """A prompt of 5,000 tokens whose 4,200-token prefix r1 holds (r1 predicted faster): the held
+    request counts 800 prefill tokens and 800 + half its output of KV, as the pick counts a cached
+    prefix as resident already, not its whole prompt."""
+    g, _, _ = gate()
+
+    class CachedOnR1(FakePolicy):
+        def predictions(self, snapshot: PoolSnapshot, request) -> list[Prediction]:  # noqa: ANN001
+            return [Prediction(e.replica_id, 4200 if e.replica_id == "r1" else 0,
+                               800 if e.replica_id == "r1" else request.prompt_tokens,
+                               0.1 if e.replica_id == "r1" else 0.6, 0.05, 0.0, 1.0, 1.0,
+                               self.queued[e.replica_id], 100.0, 10_000.0) for e in snapshot.candidates()]
+
+    pol = CachedOnR1()
+    pol.queued = {"r0": 900.0, "r1": 900.0}          # over both budgets, pushing one out: it is held
+    budget = RouterBudget()
+    t = asyncio.create_task(g.admit("m", pol, FakeRequest(5000, 100), "standard", SLO, 0.0,  # type: ignore[arg-type]
+                                    snapshot, budget))
+    await asyncio.sleep(0)
+    assert budget.queued == Tokens(800.0, 850.0, 1.0)
+    t.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await t
+    g.close()
+
+
 async def test_a_request_rejected_from_the_queue_counts_once_in_metrics_and_in_the_demand() -> None:
     """Rejected after waiting (its deadline passed while held): out of the ledger's queued tokens,
     into its refused ones (the next demand report), and counted once in the metrics."""

@@ -337,6 +337,17 @@ def placement(preds: Sequence[Prediction], tpot_guard: bool = True, tpot_s: floa
                      within_budget)
 
 
+def own_prefill(preds: Sequence[Prediction], prompt_tokens: float) -> float:
+    """The prefill a request brings where it is best placed (its prompt less what that replica's
+    prefix cache holds: Placement.prefill_tokens); its whole prompt when nothing is predicted.
+    What the admission budget counts of its prompt, prefill and KV alike: the pick's own KV
+    rule (slo_pick.TidegatePolicy.on_dispatch) counts a cached prefix as resident already, shared
+    by every request that holds it."""
+    if not preds:
+        return max(0.0, float(prompt_tokens))
+    return float(min(preds, key=lambda p: (p.ttft_s, p.replica_id)).prefill_tokens)
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     action: str                     # dispatch | hold | reject

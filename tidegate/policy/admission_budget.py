@@ -7,9 +7,13 @@ router keeps a `RouterBudget` per pool, fed with its own share, and asks it befo
 request. The simulator can run the same code.
 
 Units, counted per request by the router (`Tokens`):
-- prefill_tokens: prompt tokens of requests that have not had their first token yet;
-- kv_tokens: prompt + half the expected output of every request in flight (what it holds over
-  its life, predict.held_kv; the output as the policy expects it, registry.expected_output: clients
+- prefill_tokens: prompt tokens of requests that have not had their first token yet, less the
+  prefix the router predicts cached where the request is best placed (admission.own_prefill);
+- kv_tokens: that prompt + half the expected output of every request in flight (what it adds over
+  its life, predict.held_kv: a cached prefix is resident already, shared by every request holding
+  it, as the pick counts it; counting whole prompts shed a multi-turn chat workload whose
+  conversations share a 2k-token system prompt at 55 % of the capacity without admission, with the
+  engines' KV 33 % full; the output as the policy expects it, registry.expected_output: clients
   set max_tokens as a cap, and counting the cap shed conversation traffic at 51-73 % of the
   capacity when every client sent 4,096-16,384);
 - sequences: requests in flight.
@@ -84,11 +88,13 @@ class Tokens:
         return Tokens(p, k, s)
 
     @staticmethod
-    def request(prompt_tokens: int, output_tokens: float = 0.0) -> Tokens:
-        """One request's tokens, `output_tokens` the answer it is expected to write (the policy's
-        estimate: registry.expected_output), not its max_tokens, which clients set as a cap."""
-        p = max(0, prompt_tokens)
-        return Tokens(float(p), held_kv(p, output_tokens), 1.0)
+    def request(prompt_tokens: float, output_tokens: float = 0.0) -> Tokens:
+        """One request's tokens: `prompt_tokens` the prompt it brings to prefill (less its cached
+        prefix where the router predicts one: admission.own_prefill), `output_tokens` the answer it
+        is expected to write (the policy's estimate: registry.expected_output), not its
+        max_tokens, which clients set as a cap."""
+        p = max(0.0, float(prompt_tokens))
+        return Tokens(p, held_kv(p, output_tokens), 1.0)
 
 
 @dataclass(frozen=True)
