@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tidegate.policy.admission import AdmissionConfig, check_flag, config_from_text
+from tidegate.policy.admission import DEFAULT_MAX_QUEUE, AdmissionConfig, check_flag, config_from_text
 
 if TYPE_CHECKING:
     from tidegate.store.etcdsec import EtcdSecurity
@@ -138,8 +138,9 @@ class AdmissionFields(BaseModel):
         "would serve within their SLO in a bounded queue per priority class, dispatch them in class order as "
         "capacity frees, and answer 429 with Retry-After and x-tidegate-reject-reason (queue_full, "
         "deadline_unmeetable, shed, queue_timeout) when they cannot make their deadline.")
-    admission_queue: str = Field("1024", description="Admission: requests held per pool and class: one number for "
-                                                     "every class, or critical=N,standard=N,sheddable=N.")
+    admission_queue: str = Field(str(DEFAULT_MAX_QUEUE),
+                                 description="Admission: requests held per pool and class: one number for every "
+                                             "class, or critical=N,standard=N,sheddable=N.")
     admission_max_wait: str = Field("30s", description="Admission: longest a request is held, per class: one "
                                                        "duration (30s, 500ms) or critical=30s,standard=10s,...")
     tpot_guard: bool = Field(True, description="Admission: hold requests that would take a replica's outstanding "

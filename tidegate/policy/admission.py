@@ -141,6 +141,11 @@ REASONS = (QUEUE_FULL, DEADLINE_UNMEETABLE, SHED, QUEUE_TIMEOUT)
 # Retry-After bounds, seconds (HTTP wants whole seconds; beyond a minute the estimate means little).
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60
 _RANK = {name: i for i, name in enumerate(CLASSES)}  # 0 = served first
+# Requests held per class by default. The deadline and the max wait decide who waits; the count
+# only bounds memory, and a router holds no more requests than it has client connections (8,192
+# by default, router.frontdoor). 1,024 refused a 16-replica fleet serving ~2,300 short chats/s
+# (held a fraction of a second each) at loads its engines met (docs/BENCHMARKS.md, "Queue length").
+DEFAULT_MAX_QUEUE = 8192
 # Arrival rates by prompt size, for the shorter-first shed (AdmissionQueue._shorter_tps): buckets
 # a quarter of a doubling wide (a prompt and one 19 % longer may share one), up to 2**24 tokens.
 SIZE_STEPS = 4
@@ -171,7 +176,7 @@ class AdmissionConfig:
     """Per-class queue bounds and whether TPOT protection (the prefill budget) holds requests."""
 
     limits: Mapping[str, ClassLimits] = field(default_factory=lambda: {
-        CRITICAL: ClassLimits(1024, 30.0), STANDARD: ClassLimits(1024, 30.0), SHEDDABLE: ClassLimits(1024, 30.0)})
+        c: ClassLimits(DEFAULT_MAX_QUEUE, 30.0) for c in (CRITICAL, STANDARD, SHEDDABLE)})
     tpot_guard: bool = True
     # A held request within this much of the last moment its dispatch still meets its deadline
     # (deadline - predicted TTFT) is urgent and goes before the class order: two engine steps at a
