@@ -189,6 +189,20 @@ async def test_an_arrival_while_a_held_request_is_being_sent_goes_after_it() -> 
     g.close()
 
 
+async def queued_tokens(g: Gate, pol: FakePolicy, request: FakeRequest) -> tuple[Tokens, Tokens]:
+    """Holds `request` (a standard one) against a fresh budget; the budget's queued tokens while it
+    is held, and after its client left (the task cancelled). Closes the gate."""
+    budget = RouterBudget()
+    t = asyncio.create_task(g.admit("m", pol, request, "standard", SLO, 0.0, snapshot, budget))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    queued = budget.queued
+    t.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await t
+    g.close()
+    return queued, budget.queued
+
+
 async def test_the_budget_counts_the_answer_the_policy_expects_not_the_max_tokens_cap() -> None:
     """A client that sends max_tokens 16,384 on every request: the held request counts its prompt
     and half the output the policy expects (here 100 tokens), not half the cap."""
@@ -200,16 +214,9 @@ async def test_the_budget_counts_the_answer_the_policy_expects_not_the_max_token
 
     pol = ExpectsShortAnswers()
     pol.queued = {"r0": 900.0, "r1": 900.0}          # over both budgets: it is held
-    budget = RouterBudget()
-    t = asyncio.create_task(g.admit("m", pol, FakeRequest(500, 16_384), "standard", SLO, 0.0,  # type: ignore[arg-type]
-                                    snapshot, budget))
-    await asyncio.sleep(0)
-    assert budget.queued == Tokens(500.0, 550.0, 1.0)
-    t.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await t
-    assert budget.queued == Tokens()                  # it left the queue: its tokens too
-    g.close()
+    queued, left = await queued_tokens(g, pol, FakeRequest(500, 16_384))
+    assert queued == Tokens(500.0, 550.0, 1.0)
+    assert left == Tokens()                           # it left the queue: its tokens too
 
 
 async def test_the_budget_counts_the_prompt_less_the_prefix_cached_where_it_is_best_placed() -> None:
@@ -227,15 +234,8 @@ async def test_the_budget_counts_the_prompt_less_the_prefix_cached_where_it_is_b
 
     pol = CachedOnR1()
     pol.queued = {"r0": 900.0, "r1": 900.0}          # over both budgets, pushing one out: it is held
-    budget = RouterBudget()
-    t = asyncio.create_task(g.admit("m", pol, FakeRequest(5000, 100), "standard", SLO, 0.0,  # type: ignore[arg-type]
-                                    snapshot, budget))
-    await asyncio.sleep(0)
-    assert budget.queued == Tokens(800.0, 850.0, 1.0)
-    t.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await t
-    g.close()
+    queued, _ = await queued_tokens(g, pol, FakeRequest(5000, 100))
+    assert queued == Tokens(800.0, 850.0, 1.0)
 
 
 async def test_a_request_rejected_from_the_queue_counts_once_in_metrics_and_in_the_demand() -> None:

@@ -322,7 +322,7 @@ def placement(preds: Sequence[Prediction], tpot_guard: bool = True, tpot_s: floa
     the router's share of the pool's admission budget has room for the request now."""
     if not preds:
         return Placement(math.inf, frozenset(), math.inf, 0.0, 0.0, within_budget)
-    best = min(preds, key=lambda p: (p.ttft_s, p.replica_id))
+    best = _best(preds)
     # Over its prefill budget, a replica is open only where the pick predicts the prefill pushes no
     # sequence there past its TPOT target: one holding the prefix, or one with no prefill
     # outstanding. An idle-queue replica used to be open to any prompt: on Mooncake at 1.5x
@@ -350,7 +350,12 @@ def own_prefill(preds: Sequence[Prediction], prompt_tokens: float) -> float:
     by every request that holds it."""
     if not preds:
         return max(0.0, float(prompt_tokens))
-    return float(min(preds, key=lambda p: (p.ttft_s, p.replica_id)).prefill_tokens)
+    return float(_best(preds).prefill_tokens)
+
+
+def _best(preds: Sequence[Prediction]) -> Prediction:
+    """The candidate predicted to answer first (ties by replica id): where a request is best placed."""
+    return min(preds, key=lambda p: (p.ttft_s, p.replica_id))
 
 
 @dataclass(frozen=True, slots=True)
