@@ -5,6 +5,7 @@ tidegate.tokens.PREFIX_BLOCK_TOKENS, as `tidegate simulate` reads generic traces
 
     scripts/make_workloads.py longshort OUT.jsonl [--requests N] [--seed S]
     scripts/make_workloads.py multiturn OUT.jsonl [--requests N] [--seed S]
+    scripts/make_workloads.py rag OUT.jsonl [--requests N] [--seed S]
     scripts/make_workloads.py {shortchat,reasoning} OUT.jsonl [--requests N] [--seed S]
 
 - longshort: 90% chat (prompt lognormal, mean ~700 tokens; output lognormal, mean ~250) and 10%
@@ -19,6 +20,11 @@ tidegate.tokens.PREFIX_BLOCK_TOKENS, as `tidegate simulate` reads generic traces
   (300-3000 tokens); turn k's prompt is the previous turn's prompt + its answer + a new user
   message, so every turn extends the last one's prefix. Conversations start as a Poisson process
   at 1/s; a user thinks 5-60 s between turns (the arrival process is rescaled by `--load`).
+- rag: retrieval-augmented questions over 2,000 documents (1k-12k tokens, lognormal, mean ~3,000)
+  whose popularity is Zipf (s = 1.1: the hottest document is in ~1 request of 6); each prompt is
+  a 256-token system prompt shared by all, one document, and a unique question (mean ~80 tokens);
+  answers lognormal, mean ~200. Poisson arrivals at 10 req/s. Skewed, heavy prefixes: a policy
+  that follows the cache without bounds melts the replicas of the hottest documents.
 
 Seeded: the same arguments write the same file.
 """
@@ -72,7 +78,28 @@ def reasoning(n: int, seed: int) -> list[dict]:
     return _poisson_chat("reasoning", n, seed, (300, 0.8, 16, 4000), (1500, 0.9, 16, 8000))
 
 
-KINDS = {"longshort": longshort, "shortchat": shortchat, "reasoning": reasoning}
+def rag(n: int, seed: int) -> list[dict]:
+    rng = random.Random(f"rag/{seed}")
+    system = list(range(256 // BLOCK))                                # shared by every request
+    docs = [_lognormal(rng, 3000, 0.7, 1000, 12_000) for _ in range(2000)]
+    weights = [1.0 / (k + 1) ** 1.1 for k in range(len(docs))]
+    t, out = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(10.0)
+        d = rng.choices(range(len(docs)), weights)[0]
+        question = _lognormal(rng, 80, 0.6, 8, 1000)
+        tokens = 256 + docs[d] + question
+        hashes = system + [(d + 1) * 10**6 + j for j in range(docs[d] // BLOCK)]
+        fresh = (i + 1) * 10**12                                      # the question's own blocks
+        while len(hashes) < tokens // BLOCK:
+            fresh += 1
+            hashes.append(fresh)
+        out.append({"arrival_s": round(t, 6), "prompt_tokens": tokens,
+                    "output_tokens": _lognormal(rng, 200, 0.8, 4, 2000), "prefix_hashes": hashes})
+    return out
+
+
+KINDS = {"longshort": longshort, "shortchat": shortchat, "reasoning": reasoning, "rag": rag}
 
 
 def multiturn(n: int, seed: int) -> list[dict]:
