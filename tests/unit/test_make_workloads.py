@@ -34,7 +34,6 @@ def test_seeded_ordered_and_sized_as_documented(kind, prompt_mean, output_mean):
         assert statistics.fmean(r["output_tokens"] for r in rows) == pytest.approx(output_mean, rel=0.1)
     if prompt_mean is not None:
         assert statistics.fmean(r["prompt_tokens"] for r in rows) == pytest.approx(prompt_mean, rel=0.1)
-        assert statistics.fmean(r["output_tokens"] for r in rows) == pytest.approx(output_mean, rel=0.1)
         # Poisson at 10 req/s before --load rescales it
         assert len(rows) / arrivals[-1] == pytest.approx(10.0, rel=0.1)
         assert not any("prefix_hashes" in r for r in rows)
