@@ -32,6 +32,7 @@ Seeded: the same arguments write the same file.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -82,11 +83,12 @@ def rag(n: int, seed: int) -> list[dict]:
     rng = random.Random(f"rag/{seed}")
     system = list(range(256 // BLOCK))                                # shared by every request
     docs = [_lognormal(rng, 3000, 0.7, 1000, 12_000) for _ in range(2000)]
-    weights = [1.0 / (k + 1) ** 1.1 for k in range(len(docs))]
+    # cumulative once, not per draw (random.choices would accumulate 2,000 weights each call)
+    cum = list(itertools.accumulate(1.0 / (k + 1) ** 1.1 for k in range(len(docs))))
     t, out = 0.0, []
     for i in range(n):
         t += rng.expovariate(10.0)
-        d = rng.choices(range(len(docs)), weights)[0]
+        d = rng.choices(range(len(docs)), cum_weights=cum)[0]
         question = _lognormal(rng, 80, 0.6, 8, 1000)
         tokens = 256 + docs[d] + question
         hashes = system + [(d + 1) * 10**6 + j for j in range(docs[d] // BLOCK)]
