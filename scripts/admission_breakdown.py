@@ -87,7 +87,7 @@ def paths(result: Any, ttft_s: float, tpot_s: float) -> dict[str, collections.Co
 
 def main() -> int:
     ap = fm.overload_parser(__doc__.splitlines()[0])
-    ap.add_argument("--decide", default="off", help="as simulate's --admission-decide (e.g. 50ms; default off)")
+    ap.add_argument("--decide", default="50ms", help="as simulate's --admission-decide (default 50ms; 'off': none)")
     ap.add_argument("--per-replica", action="store_true", help="also: per replica, served and missed per class")
     a = ap.parse_args()
     result, ttft_s, tpot_s = run(fm.overload_config(a, admission_decide=a.decide))

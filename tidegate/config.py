@@ -145,7 +145,7 @@ class AdmissionFields(BaseModel):
                                                        "duration (30s, 500ms) or critical=30s,standard=10s,...")
     tpot_guard: bool = Field(True, description="Admission: hold requests that would take a replica's outstanding "
                                                "prefill past what its TPOT target allows (TPOT protection).")
-    admission_decide: str = Field("off", description="Admission: a request held this long (a duration, e.g. 50ms, "
+    admission_decide: str = Field("50ms", description="Admission: a request held this long (a duration, e.g. 50ms, "
                                                      "or 'off') is committed: served, late if it must, and never "
                                                      "rejected for its deadline after it, so every 429 but a "
                                                      "max-wait timeout comes within this of arrival (costs "

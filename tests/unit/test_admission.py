@@ -35,8 +35,11 @@ def place(ttft: float = 0.5, open_: frozenset[str] = OPEN, open_ttft: float | No
     return Placement(ttft, open_, ttft if open_ttft is None else open_ttft, tps, tokens, budget)
 
 
-def cfg(queue: int = 8, wait: float = 30.0, guard: bool = True) -> AdmissionConfig:
-    return AdmissionConfig({c: ClassLimits(queue, wait) for c in ("critical", "standard", "sheddable")}, guard)
+def cfg(queue: int = 8, wait: float = 30.0, guard: bool = True, decide: float | None = None) -> AdmissionConfig:
+    """The tables below decide without committing (decide_s None: a held request may be rejected
+    whenever it can no longer make it); committing has its own tables further down."""
+    return AdmissionConfig({c: ClassLimits(queue, wait) for c in ("critical", "standard", "sheddable")}, guard,
+                           decide_s=decide)
 
 
 def held(q: AdmissionQueue, cls: str, key: str, tokens: float = 1000.0, now: float = 0.0) -> None:
@@ -167,7 +170,7 @@ def test_the_drain_is_measured_while_requests_wait() -> None:
 
 def test_zero_length_queue_never_holds() -> None:
     q = AdmissionQueue(AdmissionConfig({"critical": ClassLimits(4, 1.0), "standard": ClassLimits(0, 1.0),
-                                        "sheddable": ClassLimits(4, 0.0)}))
+                                        "sheddable": ClassLimits(4, 0.0)}, decide_s=None))
     assert q.arrive("a", "standard", 0, 2, place(0.5, frozenset())).reason == QUEUE_FULL
     assert q.arrive("b", "sheddable", 0, 2, place(0.5, frozenset())).reason == QUEUE_FULL
     assert q.arrive("c", "critical", 0, 2, place(0.5, frozenset())).action == HOLD
@@ -199,7 +202,8 @@ def test_head_goes_in_class_order_then_fifo() -> None:
     ("budget share full past the max wait", 5.0, place(0.1, budget=False), REJECT, QUEUE_TIMEOUT),
 ])
 def test_try_head(case: str, now: float, p: Placement, action: str, reason: str) -> None:
-    q = AdmissionQueue(AdmissionConfig({c: ClassLimits(4, 3.0) for c in ("critical", "standard", "sheddable")}))
+    q = AdmissionQueue(AdmissionConfig({c: ClassLimits(4, 3.0) for c in ("critical", "standard", "sheddable")},
+                                       decide_s=None))  # committed heads: test_a_committed_head_goes_late...
     q.arrive("a", "standard", 0.0, 10.0 if reason == QUEUE_TIMEOUT else 2.0, place(0.1, frozenset()))
     h, d = q.try_head(now, p)  # type: ignore[misc]
     assert (d.action, d.reason) == (action, reason), case
@@ -547,6 +551,28 @@ def test_committing_adds_the_measured_wait_error_to_a_new_requests_wait(decide: 
     assert (d.action, d.reason) == (action, reason)
 
 
+@pytest.mark.parametrize(("decide", "action", "reason"), [(None, HOLD, ""), (0.05, REJECT, SHED)])
+def test_committing_counts_the_first_arrivals_at_their_rate(decide: float | None, action: str, reason: str) -> None:
+    """A cold router: critical prompts arrive at 48k tokens/s (1,200 every 25 ms) on a pool
+    draining 45k. The first starts the clock; 0.2 s in, the moving sum over the 2 s horizon holds
+    only 1 - exp(-0.1) of the rate that followed. Committing (an admission is final) divides that
+    out, so a standard request that must wait sees ~3k tokens/s left for its 8,000 and is shed at
+    arrival. Without committing the sum's slow start is left alone: it is held, and the sweep may
+    still reject it later."""
+    q = commit(decide)
+    for i in range(8):
+        d = q.arrive(f"c{i}", "critical", 0.025 * i, 0.025 * i + 2.0, place(0.1, tps=45_000, tokens=1200))
+        assert d.action == DISPATCH
+    d = q.arrive("new", "standard", 0.2, 2.2, place(0.1, frozenset(), tps=45_000, tokens=8000))
+    assert (d.action, d.reason) == (action, reason)
+
+
+def test_a_default_config_commits_after_50ms() -> None:
+    assert AdmissionConfig().decide_s == adm.DEFAULT_DECIDE_S == 0.05
+    assert adm.config_from_text("8", "30s").decide_s == 0.05
+    assert adm.config_from_text("8", "30s", decide="off").decide_s is None
+
+
 @pytest.mark.parametrize(("text", "value"), [("50ms", 0.05), ("0.2s", 0.2), ("1", 1.0), ("off", None),
                                              ("OFF", None), ("0", 0.0)])
 def test_parse_decide(text: str, value: float | None) -> None:
@@ -590,7 +616,7 @@ def test_a_margin_larger_than_the_deadline_does_not_outlive_the_class_max_wait(l
 # ---------------------------------------------------------------- the TTFT margin
 
 def margin_queue(errors: list[float], quantile: float | None = 0.95) -> AdmissionQueue:
-    q = AdmissionQueue(AdmissionConfig(cfg().limits, ttft_quantile=quantile))
+    q = AdmissionQueue(AdmissionConfig(cfg().limits, ttft_quantile=quantile, decide_s=None))
     for e in errors:
         q.observe_ttft(0.5, 0.5 + e)
     return q

@@ -84,7 +84,7 @@ Holding is a commitment: every rejection should come at arrival. While held (`sw
 `pump`, whenever capacity may have freed): past its max wait -> `queue_timeout`; wait(c) from
 its place + its last predicted TTFT past its deadline -> `deadline_unmeetable` (the higher
 classes do not shed it later: it goes first when urgent), but only within `decide_s` of its
-arrival (`--admission-decide`, e.g. 50 ms; None, the default: at any time). Held longer, it is
+arrival (`--admission-decide`, 50 ms by default; None: at any time). Held longer, it is
 committed: it is not rejected for its deadline any more, and once it cannot meet it (its last
 start has passed) it goes as soon as a replica is open for it, over the router's budget share
 if need be. So every rejection but a max-wait timeout comes within `decide_s`, and the arrival
@@ -153,6 +153,8 @@ SIZE_BUCKETS = 24 * SIZE_STEPS + 1
 # Weight of the predicted drain against the measured one, in seconds of observation: a tenth of
 # a second of waiting already outweighs it (a 2 s TTFT target leaves time for ~20 such estimates).
 SERVICE_PRIOR_S = 0.1
+# Admission commits a request held this long (AdmissionConfig.decide_s; the issue's 50 ms answer).
+DEFAULT_DECIDE_S = 0.05
 # Waits measured per class for the committing margin (AdmissionConfig.decide_s): the latest few
 # hundred, a second or two of an overloaded router's holds; the quantile is taken every 16th.
 WAIT_SAMPLES, WAIT_EVERY = 256, 16
@@ -188,7 +190,10 @@ class AdmissionConfig:
     # that has waited gets its answer, not a 429 after the wait. The price: a request is held only
     # when its wait, as its class's waits have measured against their predictions at
     # `wait_quantile`, still fits its deadline (late ones cost the capacity that on-time ones need).
-    decide_s: float | None = None
+    # 50 ms by default: a client told no is told at once (measured at 1.5x capacity: every
+    # rejection within 50 ms against 93-95 % without, for a point or two of `standard` on some
+    # traces; docs/BENCHMARKS.md, "Committing by default").
+    decide_s: float | None = DEFAULT_DECIDE_S
     wait_quantile: float = 0.9
     # The TTFT margin: every deadline test adds the error of the router's latest predictions
     # (realized TTFT after dispatch minus the TTFT the dispatch counted on) at this quantile, so
@@ -279,7 +284,7 @@ def parse_quantile(text: str) -> float | None:
     return q
 
 
-def config_from_text(queue: str, wait: str, tpot_guard: bool = True, decide: str = "off",
+def config_from_text(queue: str, wait: str, tpot_guard: bool = True, decide: str = "50ms",
                      ttft_margin: str = "0.95") -> AdmissionConfig:
     """From the router's / simulator's flags (see parse_class_values); unnamed classes keep the defaults."""
     base = AdmissionConfig().limits
@@ -420,6 +425,7 @@ class AdmissionQueue:
         self._served_at: float | None = None
         self._arriving: dict[str, float] = dict.fromkeys(CLASSES, 0.0)  # admitted prefill tokens/s
         self._arrived_s: float | None = None
+        self._first_arrival_s: float | None = None  # when the arrival rates began to fill (_filled)
         self._horizon_s = 1.0
         # The same arrivals per class and prompt size bucket (size_bucket), each bucket decayed
         # lazily from its own last update; and the prefill tokens held per class and bucket.
@@ -523,8 +529,9 @@ class AdmissionQueue:
         if tokens <= 0:
             return 0.0
         # Arrivals still held are already in `tokens`: only the rest of each class's rate comes extra.
+        filled = self._filled(self._arrived_s or 0.0)
         rate = self._service_rate() - shorter_tps - sum(
-            max(0.0, self._arriving[c] - self._tokens[c] / self._horizon_s) for c in CLASSES[:above])
+            max(0.0, self._arriving[c] / filled - self._tokens[c] / self._horizon_s) for c in CLASSES[:above])
         return tokens / rate if rate > 0 else math.inf
 
     def _shorter_tps(self, cls: str, tokens: float, now: float) -> float:
@@ -538,7 +545,24 @@ class AdmissionQueue:
             if rates[i]:
                 arriving += rates[i] * math.exp(-max(0.0, now - at[i]) / horizon)
             held_tokens += held[i]
-        return max(0.0, arriving - held_tokens / horizon)
+        return max(0.0, arriving / self._filled(now) - held_tokens / horizon)
+
+    def _filled(self, now: float) -> float:
+        """What the arrival rates (moving sums over the horizon) have filled of their steady value:
+        1 - exp(-t / horizon) after t seconds of arrivals. Committing divides the rates by it,
+        because an admission is then final: a router that starts under overload would otherwise
+        count the higher classes' arrivals at a tenth of their rate in its first 0.2 s (2 s
+        target) and hold lower-class requests that can only go late, while it sheds critical ones
+        behind them (the unit-scale overload of tests/unit/test_fleetsim_admission.py: critical
+        89 % and 29 requests late, against 96 % and none corrected). Without committing, a held
+        request found too late is still rejected then, and the sum's slow start is left alone.
+        One arrival is not yet a rate: the first starts the clock and is not counted (_count), and
+        the first SERVICE_PRIOR_S count as filled, so that two arrivals close together are not
+        read as a flood."""
+        if self.cfg.decide_s is None or self._first_arrival_s is None:
+            return 1.0
+        t = max(SERVICE_PRIOR_S, now - self._first_arrival_s)
+        return 1.0 - math.exp(-t / self._horizon_s)
 
     def _decay(self, now: float) -> None:
         if self._arrived_s is not None and now > self._arrived_s:
@@ -553,6 +577,10 @@ class AdmissionQueue:
         is decided in)."""
         if horizon_s > 0:
             self._horizon_s = horizon_s
+        if self._first_arrival_s is None:
+            self._first_arrival_s = now
+            if self.cfg.decide_s is not None:
+                return  # it starts the clock of the corrected rates (_filled): the rate is what follows it
         rate = max(0.0, tokens) / self._horizon_s
         self._arriving[cls] += rate
         b = size_bucket(tokens)
