@@ -529,9 +529,11 @@ class AdmissionQueue:
         if tokens <= 0:
             return 0.0
         # Arrivals still held are already in `tokens`: only the rest of each class's rate comes extra.
-        filled = self._filled(self._arrived_s or 0.0)
-        rate = self._service_rate() - shorter_tps - sum(
-            max(0.0, self._arriving[c] / filled - self._tokens[c] / self._horizon_s) for c in CLASSES[:above])
+        rate = self._service_rate() - shorter_tps
+        if above:  # (the sweep's per-request waits count no arrivals: no exp for them)
+            filled = self._filled(self._arrived_s or 0.0)
+            rate -= sum(max(0.0, self._arriving[c] / filled - self._tokens[c] / self._horizon_s)
+                        for c in CLASSES[:above])
         return tokens / rate if rate > 0 else math.inf
 
     def _shorter_tps(self, cls: str, tokens: float, now: float) -> float:
