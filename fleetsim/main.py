@@ -144,7 +144,9 @@ class SimulateConfig(ConfigBase, AdmissionFields):
                                                    "meeting --attainment (adds 'capacity' to the JSON).")
     attainment: float = Field(0.95, gt=0, le=1, description="Target SLO attainment of --find-capacity.")
     seeds: int = Field(1, ge=1, description="Repeat every run with seeds seed..seed+K-1; capacities are reported "
-                                            "as mean and spread.")
+                                            "as mean and spread. The trace, a synthetic workload and the "
+                                            "--class-mix draw stay those of --seed: only the simulation's own "
+                                            "draws change.")
     jobs: int = Field(1, ge=1, description="Parallel worker processes (one run, or one capacity search, each).")
     class_mix: str | None = Field(None, description="Give requests classes at random (seeded), e.g. "
                                                     "critical=0.2,standard=0.5,sheddable=0.3 (priorities 1, 0, -1); "
