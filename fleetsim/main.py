@@ -116,8 +116,9 @@ class SimulateConfig(ConfigBase, AdmissionFields):
     rate_lag_windows: float | None = Field(None, ge=0, allow_inf_nan=False,
                                            description="The control plane's rate fit: merge report windows for "
                                                        "the prefill slope until they span N measured prefill "
-                                                       "durations (default: RateEstimatorConfig's, 10; 0: every "
-                                                       "window alone). For measuring the estimator.")
+                                                       "durations, instead of the default lead term (0, the "
+                                                       "default: every window alone, with the lead term). For "
+                                                       "measuring the estimator.")
     router_spread: str = Field("rr", description="How requests reach the routers: rr (round-robin, like an L4 "
                                                  "balancer) or hash (by session key: the first prefix hash).")
     max_requests: int | None = Field(None, ge=1, description="Replay only the first M requests of the trace.")
@@ -367,7 +368,7 @@ def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
                      routers=routers, router_spread=cfg.router_spread, admission=admission,
                      peer_interval_s=cfg.peer_ms / 1000.0,
                      rates=None if cfg.rate_lag_windows is None else RateEstimatorConfig(
-                         lag_windows=cfg.rate_lag_windows),
+                         lag_windows=cfg.rate_lag_windows, lead=cfg.rate_lag_windows == 0),
                      budgets=BudgetConfig() if admission is not None and cfg.admission_budgets else None,
                      replica_ids=cfg.replica_ids,
                      hide_max_tokens=cfg.hide_max_tokens, hide_max_tokens_share=cfg.hide_max_tokens_share,

@@ -43,10 +43,10 @@ def report(seq: int, batch: float = 30.0, prefill_per_step: float = 200.0) -> te
 
 
 # 1 s reports the estimator merges before each fit (rates.py: min_window_s; off by default, on
-# here so that the control plane's handling of a pending merge is exercised), published from the
-# first fit on (min_windows: the evidence rule has its own tests in test_rates.py) so that these
-# tests see each merge's fit.
-RATES = RateEstimatorConfig(min_window_s=2.0, min_windows=1)
+# here, without the default's lead term, so that the control plane's handling of a pending merge
+# is exercised), published from the first fit on (min_windows: the evidence rule has its own
+# tests in test_rates.py) so that these tests see each merge's fit.
+RATES = RateEstimatorConfig(min_window_s=2.0, min_windows=1, lead=False)
 MERGED = max(1, math.ceil(RATES.min_window_s))
 
 
@@ -159,3 +159,25 @@ def test_a_new_stream_or_a_counter_reset_drops_the_pending_merge(fleet: tuple[Fl
     fs.on_report(h, telemetry_pb2.Report(seq=3 * MERGED, engine=telemetry_pb2.EngineStats(
         healthy=True, work=telemetry_pb2.EngineWork())))  # the agent's empty window: a counter went down
     assert fs._replicas["r1"].rates._pending is None
+
+
+def test_a_new_stream_drops_the_window_waiting_for_its_lead() -> None:
+    """With the default lead term a report's window waits for the next report's count; a new
+    stream means reports may have been lost between, so the waiting window is dropped, not fitted
+    with a lead from another span."""
+    clock = FakeClock()
+    fs = FleetState(WeightPolicyConfig(), now=clock, rate_config=RateEstimatorConfig(min_windows=1))
+    h = hello()
+    fs.on_hello(h)
+    fs.stream_opened("r1")
+    clock.t += 1.0
+    fs.on_report(h, report(1, batch=30, prefill_per_step=100))
+    rates = fs._replicas["r1"].rates
+    assert rates._held is not None and rates.windows == 0
+    fs.stream_opened("r1")
+    assert rates._held is None and rates.windows == 0
+    clock.t += 1.0
+    fs.on_report(h, report(2, batch=30, prefill_per_step=100))
+    clock.t += 1.0
+    fs.on_report(h, report(3, batch=30, prefill_per_step=100))
+    assert rates.windows == 1  # the second report's window, with the third's count as its lead

@@ -20,43 +20,49 @@ Why it holds: each decoded token's inter-token latency is the duration of the st
 so the ITL histogram's sum is the sum over steps of B_s * T_s and its count the sum of B_s. With
 T_s linear in B_s and P_s, y is the token-weighted mean step time, which equals the model at the
 window's mean batch and prefill when B_s varies little inside the window (it is biased up by
-per_seq * Var(B)/mean(B) otherwise; base and per_seq use the 1 s report windows, the prefill
-slope merged ones, see below). Engines that do not
-count steps (SGLang) get steps = busy_s / y, with busy_s their GPU busy time where exported and
-the interval otherwise (right while the engine is busy, which is when the rates matter).
+per_seq * Var(B)/mean(B) otherwise). Engines that do not count steps (SGLang) get
+steps = busy_s / y, with busy_s their GPU busy time where exported and the interval otherwise
+(right while the engine is busy, which is when the rates matter).
 
-Merged windows for the prefill slope: engines count a prompt's tokens when its prefill completes
+The lead term (`lead`, the default): engines count a prompt's tokens when its prefill completes
 (vLLM's `prompt_tokens_total`, and the prompt part of `iteration_tokens_total`) and its cache hits
-when it is admitted, so a long prompt prefilled in chunks over several steps lands in another 1 s
-window than the steps it slowed. That misattribution is noise in x2, and noise in a regressor
-flattens its slope: on the Mooncake trace 1 s windows fitted 74-90k prefill tokens/s where the
-simulated engine computes 47.6k. Summing windows until they span several prefill durations makes
-the misplaced share small, so the prefill slope is fitted on windows summed (counters add) until
-they span `lag_windows` (10) times the mean prefill duration the engine reports
-(vllm:request_prefill_time_seconds, first token minus first scheduled; forgotten like the fit),
-at least `min_window_s` and at most `max_window_s` (10 s): Mooncake's ~0.3 s prefills give ~3 s
-windows and a fitted 56k (p50 over replicas and time), prompts that prefill in one or two steps
-(~0.08 s) keep 1 s windows, and an engine without the histogram (SGLang, TGI) keeps 1 s windows
-as before. Base and per_seq are then fitted on every report's own window with that slope held
-(`estimate`): decode tokens are counted in the step that made them, so they have no lag to undo,
-and summing would average away the batch spread that identifies them (a merge of everything cost
-Azure code 2 points of SLO attainment at load 0.7; the two-stage fit none). Ten durations, not
-five or fifteen, by measurement (docs/BENCHMARKS.md, "Prefill windows sized to the measured
-prefill"): with five, Mooncake's windows stayed near 1.5 s (slope ~74k) and its critical class
-at 1.5x its capacity attained 91.5 % (ten: 95.8 %); fifteen merged Azure code's 0.2 s prefills
-into 3 s windows, where its steady prompt stream leaves too little spread to identify the slope
-(58 % attainment at load 0.7 against 65 %). A window with no work at all ends the merge early (nothing
-is in flight across it, so nothing is misattributed), and a garbage window (NaN, negative, no
-interval: also what the agent sends after a counter reset) or `interrupt()` (reports may have
-been lost) drops it: counts across a gap are not one window.
+when it is admitted, so a long prompt prefilled in chunks over several steps is counted in a later
+window than some of the steps it slowed. That misattribution is noise in x2, and noise in a
+regressor flattens its slope (errors in variables): the prefill reads faster than it is. The
+tokens a window's steps computed but did not count are counted in the next window, so the fit
+takes the next window's uncached tokens, in this window's per-step units, as a fourth regressor:
+
+    x3 = (next window's prompt - cached prompt) / steps
+    y ~= base + per_seq * x1 + m0 * x2 + m1 * x3          prefill slope = m0 + m1
+
+Each window enters the fit when the next one arrives (one report later); an idle next window
+gives it x3 = 0 (nothing was in flight across it), and a garbage one or `interrupt()` (reports may
+have been lost) drops it, its lead unknown. m1 is held at 0 by the prior where the data do not
+identify it (prompts that prefill in one step leave nothing to the next window). Measured
+(tidegate/policy/README.md, "Rate estimator"): on one simulated replica of the Mooncake trace at
+load 1 the fit is 48.3k tokens/s (the engine computes 47.6k; 56.5k without the term) and its
+mean-step error p50/p90 4.7/15.0 % (11.5/21.0 %); on a 16-replica fleet at 1.5x capacity the
+published median is 47-53k from 10 s on (56-61k before).
+
+The other remedy, kept for measuring (`lag_windows` > 0, off by default; use it with `lead`
+off): sum windows until they span `lag_windows` times the mean prefill duration the engine
+reports (vllm:request_prefill_time_seconds, first token minus first scheduled; forgotten like
+the fit), at least `min_window_s` and at most `max_window_s`, so that the misplaced share is
+small, and fit the slope on the sums; base and per_seq then come from every report's own window
+with that slope held (`estimate`), since summing averages away the batch spread that identifies
+them. Ten durations (the default until the lead term) gave Mooncake ~3 s windows and 56-59k: the
+misplaced tokens give a window's count a spread of ~15k tokens whatever its length, so longer
+sums only dilute it. A window with no work at all ends the merge early, and a garbage window
+(NaN, negative, no interval: also what the agent sends after a counter reset) or `interrupt()`
+drops it: counts across a gap are not one window.
 
 Fit: theta = (A + L0)^-1 (r + L0 theta0) with A = sum w x x^T, r = sum w x y over windows
 weighted by their decode tokens w and forgotten with half-life `half_life_s`; L0 = prior_weight *
-diag(1, batch_scale^2, prefill_scale^2) holds theta0 = the prior (a generic one, or a profile's
-figures from the agent's hello) in the directions the data leave unidentified, e.g. the split
-between base and per_seq while the batch never changes. The prior never decays, so the fit cannot
-wind up; with data it is overruled within a few reports. Windows with NaN, negative or zero
-counts are rejected; outputs are clamped to physical bounds.
+diag(1, batch_scale^2, prefill_scale^2, prefill_scale^2) holds theta0 = the prior (a generic one,
+or a profile's figures from the agent's hello, with m1 = 0) in the directions the data leave
+unidentified, e.g. the split between base and per_seq while the batch never changes. The prior
+never decays, so the fit cannot wind up; with data it is overruled within a few reports. Windows
+with NaN, negative or zero counts are rejected; outputs are clamped to physical bounds.
 
 Published values: 0 (unknown) until enough data (or a profile prior) backs them; then snapped to
 a geometric grid (`quantum`, 4 %) with hysteresis, so noise does not rewrite routing tables.
@@ -66,9 +72,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import astuple, dataclass, field
-
-Vec = tuple[float, float, float]
-Mat = tuple[Vec, Vec, Vec]
 
 
 @dataclass(frozen=True)
@@ -117,14 +120,14 @@ class RateEstimatorConfig:
     base_ms_bounds: tuple[float, float] = (0.05, 5_000.0)
     per_seq_ms_bounds: tuple[float, float] = (1e-4, 1_000.0)
     prefill_tokens_per_s_bounds: tuple[float, float] = (10.0, 1e7)
-    # The prefill slope is fitted on report windows summed until they span `lag_windows` mean
-    # prefill durations (the engine's vllm:request_prefill_time_seconds), at least `min_window_s`
-    # and at most `max_window_s`: a prompt's tokens are counted in the window where its prefill
-    # completes, not in the ones whose steps it slowed; with prefills spanning d seconds, about
-    # d / (2 W) of a W s window's prefill tokens belong to a neighbour, and that noise flattens
-    # the fitted slope. Ten durations, by measurement (module docstring); base and per_seq stay
-    # on every report's own window.
-    lag_windows: float = 10.0   # 0 = off: windows merge only to min_window_s
+    # Two remedies for prompts counted after the steps they slowed (module docstring). `lead`, the
+    # default: the slope's fit also reads the next window's uncached prompt tokens. `lag_windows`
+    # > 0 (for measuring, with `lead` off): the slope is fitted on report windows summed until
+    # they span that many mean prefill durations (the engine's vllm:request_prefill_time_seconds),
+    # at least `min_window_s` and at most `max_window_s`; base and per_seq stay on every report's
+    # own window. With both, a merged window's lead is the next merged window.
+    lead: bool = True
+    lag_windows: float = 0.0   # 0 = off: windows merge only to min_window_s
     min_window_s: float = 0.0   # reached to the nearest window: report intervals jitter
     max_window_s: float = 10.0
 
@@ -198,6 +201,7 @@ class Observation:
     step_ms: float         # y: mean inter-token time
     weight: float          # decode tokens behind it
     prefill_tokens: float  # uncached prompt tokens in the window
+    per_step: float = 0.0  # prefill / prefill_tokens: how the window turns tokens into x2 (its lead too)
 
 
 def regressors(w: WorkWindow, max_step_ms: float = 60_000.0) -> Observation | None:
@@ -211,7 +215,7 @@ def regressors(w: WorkWindow, max_step_ms: float = 60_000.0) -> Observation | No
     y = 1000.0 * w.itl_sum_s / w.itl_count
     if not 0 < y <= max_step_ms:
         return None
-    uncached = max(0.0, w.prompt_tokens - w.cached_prompt_tokens)
+    uncached = uncached_tokens(w)
     steps = w.steps
     if steps <= 0:
         busy = w.busy_s if w.busy_s > 0 else w.interval_s
@@ -219,26 +223,42 @@ def regressors(w: WorkWindow, max_step_ms: float = 60_000.0) -> Observation | No
     # Every decoded token ran in some step with at least one decode: fewer steps than that is garbage.
     batch = w.itl_count / steps
     prefill = uncached / steps
+    per_step = 1.0 / steps
     if batch < 1.0:
         # Fewer decode tokens than steps: some steps decoded nothing (a prefill on an idle engine)
         # and no token saw them. At most itl_count steps decoded; count only that share of the
         # prefill (as if spread evenly), and the decoding steps still ran at least one sequence.
         prefill *= batch
+        per_step *= batch
         batch = 1.0
-    return Observation(batch=batch, prefill=prefill, step_ms=y, weight=w.itl_count, prefill_tokens=uncached)
+    return Observation(batch=batch, prefill=prefill, step_ms=y, weight=w.itl_count, prefill_tokens=uncached,
+                       per_step=per_step)
 
 
-def _solve3(a: Mat, b: Vec) -> Vec | None:
-    """Solve a 3x3 system by Cramer's rule; None when singular."""
-    (a11, a12, a13), (a21, a22, a23), (a31, a32, a33) = a
-    det = (a11 * (a22 * a33 - a23 * a32) - a12 * (a21 * a33 - a23 * a31) + a13 * (a21 * a32 - a22 * a31))
-    if not math.isfinite(det) or abs(det) < 1e-300:
-        return None
-    b1, b2, b3 = b
-    x1 = (b1 * (a22 * a33 - a23 * a32) - a12 * (b2 * a33 - a23 * b3) + a13 * (b2 * a32 - a22 * b3)) / det
-    x2 = (a11 * (b2 * a33 - a23 * b3) - b1 * (a21 * a33 - a23 * a31) + a13 * (a21 * b3 - b2 * a31)) / det
-    x3 = (a11 * (a22 * b3 - b2 * a32) - a12 * (a21 * b3 - b2 * a31) + b1 * (a21 * a32 - a22 * a31)) / det
-    return (x1, x2, x3)
+def uncached_tokens(w: WorkWindow) -> float:
+    """Prompt tokens the window counted as prefilled, cache hits left out (>= 0)."""
+    return max(0.0, w.prompt_tokens - w.cached_prompt_tokens)
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Solve a small linear system by Gaussian elimination with partial pivoting; None when
+    singular. `a` and `b` are overwritten."""
+    n = len(b)
+    for c in range(n):
+        p = max(range(c, n), key=lambda i: abs(a[i][c]))
+        if not math.isfinite(a[p][c]) or abs(a[p][c]) < 1e-300:
+            return None
+        a[c], a[p] = a[p], a[c]
+        b[c], b[p] = b[p], b[c]
+        for i in range(c + 1, n):
+            f = a[i][c] / a[c][c]
+            for j in range(c, n):
+                a[i][j] -= f * a[c][j]
+            b[i] -= f * b[c]
+    x = [0.0] * n
+    for i in range(n - 1, -1, -1):
+        x[i] = (b[i] - sum(a[i][j] * x[j] for j in range(i + 1, n))) / a[i][i]
+    return x
 
 
 def _clamp(v: float, bounds: tuple[float, float]) -> float:
@@ -271,10 +291,10 @@ class RateEstimator:
     prior: EngineRates | None = None   # a profile's figures when known; None = GENERIC_PRIOR, unpublished
     # Normal equations over merged windows (they give the prefill slope) and over every report's
     # own window (they give base and per_seq at the report's resolution; see `estimate`).
-    _a: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
-    _r: list[float] = field(default_factory=lambda: [0.0] * 3)
-    _a1: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
-    _r1: list[float] = field(default_factory=lambda: [0.0] * 3)
+    _a: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
+    _r: list[float] = field(default_factory=lambda: [0.0] * 4)
+    _a1: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
+    _r1: list[float] = field(default_factory=lambda: [0.0] * 4)
     _decode_tokens: float = 0.0
     _prefill_tokens: float = 0.0
     _published: EngineRates = field(default_factory=EngineRates)
@@ -283,6 +303,10 @@ class RateEstimator:
     rejected: int = 0     # garbage windows, idle ones, and merged windows without decode timing
     # Windows received since the last fit, summed, while they span under `window_s`.
     _pending: WorkWindow | None = None
+    # The last fitted window's observation and forgetting factor, waiting for the next one's
+    # count (its lead term) before it enters the slope's fit (`lead`).
+    _held: tuple[Observation, float] | None = None
+    _held_report: tuple[Observation, float] | None = None   # the same for the last report's own window
     # Prefill durations (s) and their count, forgotten like the fit: their ratio sizes the merge.
     _prefill_time_s: float = 0.0
     _prefill_count: float = 0.0
@@ -294,9 +318,9 @@ class RateEstimator:
             self._published = self._quantized(self.estimate(), EngineRates())
 
     @property
-    def theta0(self) -> Vec:
+    def theta0(self) -> tuple[float, float, float, float]:
         p = self.prior or GENERIC_PRIOR
-        return (p.decode_step_base_ms, p.decode_step_per_seq_ms, 1000.0 / p.prefill_tokens_per_s)
+        return (p.decode_step_base_ms, p.decode_step_per_seq_ms, 1000.0 / p.prefill_tokens_per_s, 0.0)
 
     @property
     def mean_prefill_s(self) -> float:
@@ -316,7 +340,9 @@ class RateEstimator:
         if garbage(window, self.cfg.max_step_ms):
             # Whatever is pending stays good, but the next window need not follow it (a counter
             # reset, a lost scrape): fitting them as one would attribute work to the wrong span.
+            # The held window's lead is unknown for the same reason: it is dropped.
             self._pending = None
+            self._held = self._held_report = None
             self.rejected += 1
             return False
         if window.idle:
@@ -325,6 +351,8 @@ class RateEstimator:
             pending, self._pending = self._pending, None
             if pending is not None:
                 self._fit(pending)
+            self._release(0.0)  # nothing was in flight across it: the held windows' leads are 0
+            self._release_report(0.0)
             self.rejected += 1
             return False
         if window.prefill_time_count > 0:
@@ -345,38 +373,66 @@ class RateEstimator:
         return self._fit(merged)
     def interrupt(self) -> None:
         """The next window may not follow the last one (a new telemetry stream: reports may have
-        been lost between): drop the pending merge, keep the fit."""
+        been lost between): drop the pending merge and the held window, keep the fit."""
         self._pending = None
+        self._held = self._held_report = None
 
     @staticmethod
-    def _accumulate(a: list[list[float]], r: list[float], obs: Observation, keep: float) -> None:
-        x = (1.0, obs.batch, obs.prefill)
-        for i in range(3):
+    def _accumulate(a: list[list[float]], r: list[float], obs: Observation, keep: float, lead: float = 0.0) -> None:
+        x = (1.0, obs.batch, obs.prefill, lead)[:len(r)]
+        n = len(r)
+        for i in range(n):
             r[i] = r[i] * keep + obs.weight * x[i] * obs.step_ms
-            for j in range(3):
+            for j in range(n):
                 a[i][j] = a[i][j] * keep + obs.weight * x[i] * x[j]
 
     def _fit_report(self, window: WorkWindow) -> None:
-        """One report's own window, merged or not: base and per_seq learn from it at once
-        (decode tokens are counted in the step that made them: no lag to undo)."""
+        """One report's own window, merged or not: base and per_seq learn from it (decode tokens
+        are counted in the step that made them), with `lead` once the next report's count is in."""
+        self._release_report(uncached_tokens(window))
         obs = regressors(window, self.cfg.max_step_ms)
         if obs is not None:
             self.reports += 1
-            self._accumulate(self._a1, self._r1, obs, 0.5 ** (window.interval_s / self.cfg.half_life_s))
+            keep = 0.5 ** (window.interval_s / self.cfg.half_life_s)
+            if self.cfg.lead:
+                self._held_report = (obs, keep)
+            else:
+                self._accumulate(self._a1, self._r1, obs, keep)
+
+    def _release_report(self, next_uncached: float) -> None:
+        held, self._held_report = self._held_report, None
+        if held is not None:
+            obs, keep = held
+            self._accumulate(self._a1, self._r1, obs, keep, next_uncached * obs.per_step)
 
     def _fit(self, window: WorkWindow) -> bool:
-        """A merged window (or a report's own, when it spans window_s alone): the prefill slope learns."""
+        """A merged window (or a report's own, when it spans window_s alone): the prefill slope
+        learns. With `lead`, its count is the held window's lead, and it is held in turn."""
         obs = regressors(window, self.cfg.max_step_ms)
+        self._release(uncached_tokens(window))
         if obs is None:
             self.rejected += 1
             return False
         keep = 0.5 ** (window.interval_s / self.cfg.half_life_s)
-        self._accumulate(self._a, self._r, obs, keep)
+        if self.cfg.lead:
+            self._held = (obs, keep)
+        else:
+            self._learn(obs, keep, 0.0)
+        return True
+
+    def _release(self, next_uncached: float) -> None:
+        """The held window enters the fit, its lead the next window's uncached tokens in its units."""
+        held, self._held = self._held, None
+        if held is not None:
+            obs, keep = held
+            self._learn(obs, keep, next_uncached * obs.per_step)
+
+    def _learn(self, obs: Observation, keep: float, lead: float) -> None:
+        self._accumulate(self._a, self._r, obs, keep, lead)
         self._decode_tokens = self._decode_tokens * keep + obs.weight
         self._prefill_tokens = self._prefill_tokens * keep + obs.prefill_tokens
         self.windows += 1
         self._published = self._quantized(self.estimate(), self._published)
-        return True
 
     def estimate(self) -> EngineRates:
         """The current fit, clamped to the bounds (the prior before any data).
@@ -388,20 +444,23 @@ class RateEstimator:
         cost Azure code, whose prompts have no lag to undo, 2 points of SLO attainment at load 0.7)."""
         cfg = self.cfg
         t0 = self.theta0
-        lam = (cfg.prior_weight, cfg.prior_weight * cfg.batch_scale ** 2, cfg.prior_weight * cfg.prefill_scale ** 2)
-        a = tuple(tuple(self._a[i][j] + (lam[i] if i == j else 0.0) for j in range(3)) for i in range(3))
-        b = tuple(self._r[i] + lam[i] * t0[i] for i in range(3))
-        theta = _solve3(a, b) or t0  # type: ignore[arg-type]
+        lam = (cfg.prior_weight, cfg.prior_weight * cfg.batch_scale ** 2, cfg.prior_weight * cfg.prefill_scale ** 2,
+               cfg.prior_weight * cfg.prefill_scale ** 2)
+        a = [[self._a[i][j] + (lam[i] if i == j else 0.0) for j in range(4)] for i in range(4)]
+        b = [self._r[i] + lam[i] * t0[i] for i in range(4)]
+        theta = _solve(a, b) or list(t0)
         if not all(math.isfinite(v) for v in theta):
-            theta = t0
-        base, per_seq, ms_per_token = theta
+            theta = list(t0)
+        base, per_seq, own, lead = theta
         rate_lo, rate_hi = cfg.prefill_tokens_per_s_bounds
-        ms_per_token = min(1000.0 / rate_lo, max(1000.0 / rate_hi, ms_per_token))
+        # The window's own count and its lead are one slope; clamped, the own part takes the cut.
+        ms_per_token = min(1000.0 / rate_lo, max(1000.0 / rate_hi, own + lead))
+        own = ms_per_token - lead
         a1, r1 = self._a1, self._r1
         det = (a1[0][0] + lam[0]) * (a1[1][1] + lam[1]) - a1[0][1] * a1[1][0]
         if math.isfinite(det) and abs(det) > 1e-300:
-            y0 = r1[0] + lam[0] * t0[0] - ms_per_token * a1[0][2]
-            y1 = r1[1] + lam[1] * t0[1] - ms_per_token * a1[1][2]
+            y0 = r1[0] + lam[0] * t0[0] - own * a1[0][2] - lead * a1[0][3]
+            y1 = r1[1] + lam[1] * t0[1] - own * a1[1][2] - lead * a1[1][3]
             b0 = ((a1[1][1] + lam[1]) * y0 - a1[0][1] * y1) / det
             b1 = ((a1[0][0] + lam[0]) * y1 - a1[1][0] * y0) / det
             if math.isfinite(b0) and math.isfinite(b1):
