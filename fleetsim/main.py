@@ -32,6 +32,7 @@ SLO units: `--slo-ttft` and `--slo-tpot` take a unit suffix, `s` or `ms` ("2s", 
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import json
 import math
@@ -52,7 +53,7 @@ from tidegate.fleet import capacity
 from tidegate.fleet.traces import TraceError
 from tidegate.fleetsim import capacity as saturation
 from tidegate.fleetsim import results, workload
-from tidegate.fleetsim.sim import ROUTER_SPREADS, SimConfig, Simulation, Slowdown, servable
+from tidegate.fleetsim.sim import ROUTER_SPREADS, SimConfig, SimResult, Simulation, Slowdown, servable
 from tidegate.policy import registry
 from tidegate.policy.admission_budget import BudgetConfig
 from tidegate.policy.rates import RateEstimatorConfig
@@ -159,6 +160,11 @@ class SimulateConfig(ConfigBase, AdmissionFields):
     json_path: Path | None = Field(None, description="Write {'runs': [...]} to this file.")
     plot: Path | None = Field(None, description="Write PNG plots to this directory (needs matplotlib: "
                                                 "pip install 'tidegate[plot]').")
+    rates_csv: Path | None = Field(None, description="Write every routing table the routers received, one row per "
+                                                     "replica (run, seconds from the first arrival, the fitted "
+                                                     "prefill tokens/s and decode step figures; 0 = not yet "
+                                                     "published), to this CSV: how the control plane's rate fit "
+                                                     "moved during each run.")
 
     @field_validator("load", mode="before")
     @classmethod
@@ -532,6 +538,18 @@ def aggregate_capacity(rows: list[dict[str, Any]], cap: float) -> list[dict[str,
     return out
 
 
+RATES_CSV_HEADER = ("policy", "load", "routers", "seed", "delivered_s", "replica", "prefill_tokens_per_s",
+                    "decode_step_base_ms", "decode_step_per_seq_ms")
+
+
+def published_rates(summary: dict[str, Any], result: SimResult) -> list[tuple]:
+    """--rates-csv's rows for one run: per routing table delivered to the routers (the
+    publisher's change rule decides when), each replica's fitted figures as the routers read them."""
+    key = (summary["policy"], summary["load"], summary["routers"], summary["seed"])
+    return [(*key, round(d.delivered_s, 3), e.replica_id, e.prefill_tokens_per_s, e.decode_step_base_ms,
+             e.decode_step_per_seq_ms) for d in result.deliveries for e in d.entries]
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, SimulateConfig, skip={"json_path", "profile", "policy"})
     parser.add_argument("--json", dest="json_path", type=Path, default=argparse.SUPPRESS, metavar="PATH",
@@ -563,6 +581,15 @@ def run(args: argparse.Namespace) -> int:
             plotter = plot.Plotter(cfg.plot)  # raises PlotUnavailableError without matplotlib
         if plotter is not None and (cfg.jobs > 1 or cfg.find_capacity):
             raise ValueError("--plot draws a --load sweep in this process: leave out --jobs and --find-capacity")
+        if cfg.rates_csv is not None and (cfg.jobs > 1 or cfg.find_capacity):
+            raise ValueError("--rates-csv reads each run in this process: leave out --jobs and --find-capacity")
+        rate_rows: list[tuple] = []
+
+        def on_run(summary: dict[str, Any], result: SimResult) -> None:
+            if plotter is not None:
+                plotter.add(summary, result)
+            if cfg.rates_csv is not None:
+                rate_rows.extend(published_rates(summary, result))
         base = base_requests(cfg)
         estimate = estimate_capacity(profiles, base)
         log.info("capacity_estimate", **estimate)
@@ -571,7 +598,7 @@ def run(args: argparse.Namespace) -> int:
             out["capacity"], runs = find_capacity(cfg, profiles, policies, base, estimate=estimate)
         else:
             runs = run_matrix(cfg, profiles, policies, base, estimate=estimate,
-                              on_run=(plotter.add if plotter is not None else None))
+                              on_run=(on_run if plotter is not None or cfg.rates_csv is not None else None))
     except (ValueError, ProfileError, TraceError, registry.UnknownPolicyError) as exc:
         print(f"tidegate simulate: {exc}", file=sys.stderr)
         return 2
@@ -582,6 +609,13 @@ def run(args: argparse.Namespace) -> int:
     if cfg.json_path is not None:
         cfg.json_path.parent.mkdir(parents=True, exist_ok=True)
         cfg.json_path.write_text(json.dumps({"runs": runs, **out}, indent=2) + "\n")
+    if cfg.rates_csv is not None:
+        cfg.rates_csv.parent.mkdir(parents=True, exist_ok=True)
+        with cfg.rates_csv.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(RATES_CSV_HEADER)
+            w.writerows(rate_rows)
+        print(f"wrote {cfg.rates_csv}")
     if plotter is not None:
         for path in plotter.finish():
             print(f"wrote {path}")

@@ -259,3 +259,29 @@ def test_rate_lag_windows_reaches_the_control_planes_rate_fit():
     assert _fleet_state(WeightPolicyConfig(), lambda: 0.0, cfg.rates).rate_config is cfg.rates
     with pytest.raises(ValueError):
         simulate.SimulateConfig(rate_lag_windows=-1)
+
+
+def test_rates_csv_shows_the_fit_published_as_runs_go(tmp_path):
+    """--rates-csv: one row per replica per delivered table; the fitted figures start unknown (0)
+    and are published once the control plane's fit rests on enough report windows."""
+    import csv
+
+    out = tmp_path / "rates.csv"
+    proc = _run("--workload", "poisson", "--rate", "20", "--requests", "400", "--replicas", "2",
+                "--policy", "tidegate", "--load", "0.8", "--seed", "1", "--rates-csv", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert rows and list(rows[0]) == list(simulate.RATES_CSV_HEADER)
+    assert {r["replica"] for r in rows} == {"replica-00", "replica-01"}
+    assert {(r["policy"], r["load"], r["routers"], r["seed"]) for r in rows} == {("tidegate", "0.8", "1", "1")}
+    times = [float(r["delivered_s"]) for r in rows]
+    assert times == sorted(times)
+    assert float(rows[0]["decode_step_base_ms"]) == 0.0  # nothing fitted before the first reports
+    published = [r for r in rows if float(r["prefill_tokens_per_s"]) > 0]
+    assert published and all(float(r["decode_step_base_ms"]) > 0 for r in published)
+
+
+def test_rates_csv_needs_runs_in_this_process(tmp_path):
+    proc = _run("--requests", "5", "--find-capacity", "--rates-csv", str(tmp_path / "r.csv"))
+    assert proc.returncode == 2 and "--rates-csv" in proc.stderr
+    assert not (tmp_path / "r.csv").exists()
