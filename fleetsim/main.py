@@ -117,9 +117,11 @@ class SimulateConfig(ConfigBase, AdmissionFields):
     rate_lag_windows: float | None = Field(None, ge=0, allow_inf_nan=False,
                                            description="The control plane's rate fit: merge report windows for "
                                                        "the prefill slope until they span N measured prefill "
-                                                       "durations, instead of the default lead term (0, the "
-                                                       "default: every window alone, with the lead term). For "
-                                                       "measuring the estimator.")
+                                                       "durations (default: RateEstimatorConfig's, 2; 0: every "
+                                                       "window alone). For measuring the estimator.")
+    rate_lead: bool = Field(True, description="The control plane's rate fit reads each window's next window's "
+                                              "prompt count as a lead term (--no-rate-lead: the fit before it, "
+                                              "with --rate-lag-windows 10). For measuring the estimator.")
     router_spread: str = Field("rr", description="How requests reach the routers: rr (round-robin, like an L4 "
                                                  "balancer) or hash (by session key: the first prefix hash).")
     max_requests: int | None = Field(None, ge=1, description="Replay only the first M requests of the trace.")
@@ -365,6 +367,15 @@ def _slos(cfg: SimulateConfig) -> tuple[float, float]:
     return parse_duration(cfg.slo_ttft, "s"), parse_duration(cfg.slo_tpot, "ms")
 
 
+def rate_config(cfg: SimulateConfig) -> RateEstimatorConfig | None:
+    """The control plane's rate fit as --rate-lag-windows and --no-rate-lead set it (None: its default)."""
+    if cfg.rate_lag_windows is None and cfg.rate_lead:
+        return None
+    base = RateEstimatorConfig()
+    return dataclasses.replace(base, lead=cfg.rate_lead,
+                               lag_windows=base.lag_windows if cfg.rate_lag_windows is None else cfg.rate_lag_windows)
+
+
 def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
     admission = cfg.admission_config()
     return SimConfig(report_interval_s=cfg.report_interval_s, tick_s=cfg.tick_s,
@@ -373,8 +384,7 @@ def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
                      scrape_interval_s=None if cfg.scrape_ms is None else cfg.scrape_ms / 1000.0,
                      routers=routers, router_spread=cfg.router_spread, admission=admission,
                      peer_interval_s=cfg.peer_ms / 1000.0,
-                     rates=None if cfg.rate_lag_windows is None else RateEstimatorConfig(
-                         lag_windows=cfg.rate_lag_windows, lead=cfg.rate_lag_windows == 0),
+                     rates=rate_config(cfg),
                      budgets=BudgetConfig() if admission is not None and cfg.admission_budgets else None,
                      replica_ids=cfg.replica_ids,
                      hide_max_tokens=cfg.hide_max_tokens, hide_max_tokens_share=cfg.hide_max_tokens_share,

@@ -253,9 +253,11 @@ def test_rate_lag_windows_reaches_the_control_planes_rate_fit():
 
     assert simulate._sim_config(simulate.SimulateConfig(), 1).rates is None  # the estimator's own default
     cfg = simulate._sim_config(simulate.SimulateConfig(rate_lag_windows=0), 1)
-    assert cfg.rates == RateEstimatorConfig(lag_windows=0.0)  # the default: the lead term, no merge
-    merged = simulate._sim_config(simulate.SimulateConfig(rate_lag_windows=10), 1)
-    assert merged.rates == RateEstimatorConfig(lag_windows=10.0, lead=False)  # merging instead of the lead
+    assert cfg.rates == RateEstimatorConfig(lag_windows=0.0)  # the lead term on 1 s windows
+    before = simulate._sim_config(simulate.SimulateConfig(rate_lag_windows=10, rate_lead=False), 1)
+    assert before.rates == RateEstimatorConfig(lag_windows=10.0, lead=False)  # the fit before the lead term
+    no_lead = simulate._sim_config(simulate.SimulateConfig(rate_lead=False), 1)
+    assert no_lead.rates == RateEstimatorConfig(lead=False)
     assert _fleet_state(WeightPolicyConfig(), lambda: 0.0, cfg.rates).rate_config is cfg.rates
     with pytest.raises(ValueError):
         simulate.SimulateConfig(rate_lag_windows=-1)

@@ -524,7 +524,7 @@ def test_windows_sized_to_the_measured_prefill_undo_the_lag(seed: int) -> None:
         pytest.param(RateEstimatorConfig(lag_windows=5.0), 0.3, 1.5, id="lag_windows sets the multiple"),
         pytest.param(MERGE, 4.0, 10.0, id="capped at max_window_s"),
         pytest.param(RateEstimatorConfig(min_window_s=2.0, lag_windows=10.0), 0.08, 2.0, id="min_window_s is a floor"),
-        pytest.param(RateEstimatorConfig(), 0.6, 0.0, id="the default (lead term): no merging"),
+        pytest.param(RateEstimatorConfig(), 0.6, 1.2, id="the default (with the lead term): two durations"),
     ],
 )
 def test_merge_span_follows_the_mean_prefill_duration(
@@ -584,17 +584,17 @@ def test_jittered_report_intervals_merge_to_the_nearest_span() -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_lead_term_undoes_the_attribution_lag_without_merging(seed: int) -> None:
+def test_the_lead_term_undoes_the_attribution_lag_without_long_merges(seed: int) -> None:
     """The default fit reads each window's count and the next one's (what its steps computed but
-    the engine counted after it): on 1 s windows it lands where ten-duration merges did, and far
-    closer than the same windows without it."""
+    the engine counted after it): on 1 s windows (two ~0.3 s prefills round to one report) it
+    lands where ten-duration merges did, and far closer than the same windows without it."""
     truth = EngineRates(47_600.0, 7.5, 0.072)
     windows = lagged_windows(random.Random(seed), truth, 600)
-    lead, plain = RateEstimator(), RateEstimator(RateEstimatorConfig(lead=False))
+    lead, plain = RateEstimator(), RateEstimator(RateEstimatorConfig(lead=False, lag_windows=0.0))
     for w in windows:
         lead.observe(w)
         plain.observe(w)
-    assert lead.window_s == 0.0 and lead._pending is None  # nothing merged
+    assert lead.windows > 0.9 * plain.windows  # every report its own window: no merge to undo the lag
 
     def err(est: RateEstimator) -> float:
         return abs(math.log(est.estimate().prefill_tokens_per_s / truth.prefill_tokens_per_s))
@@ -647,3 +647,24 @@ def test_the_lead_is_counted_in_the_held_windows_units() -> None:
     for w in late:
         est.observe(w)
     assert est.estimate().prefill_tokens_per_s == pytest.approx(truth.prefill_tokens_per_s, rel=0.1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_prefills_longer_than_a_report_merge_to_two_durations_and_take_the_lead(seed: int) -> None:
+    """A slow engine (a 70B on four GPUs prefills ~9k tokens/s): 4k-40k-token prompts take 0.5-4.5 s,
+    so one report's lead does not hold what spills. The default merges windows to two mean
+    prefill durations, so that a prefill spills at most into the next merged window, which the
+    lead term reads: closer than the lead on 1 s windows alone and than ten-duration merges."""
+    truth = EngineRates(9_000.0, 29.0, 0.5)
+    windows = lagged_windows(random.Random(seed), truth, 900)
+
+    def err(cfg: RateEstimatorConfig) -> float:
+        est = RateEstimator(cfg)
+        for w in windows:
+            est.observe(w)
+        return abs(math.log(est.estimate().prefill_tokens_per_s / truth.prefill_tokens_per_s))
+
+    default = err(RateEstimatorConfig())
+    assert default < math.log(1.5)
+    assert err(RateEstimatorConfig(lag_windows=0.0)) > math.log(4.0)   # the lead on 1 s windows alone
+    assert default < err(RateEstimatorConfig(lag_windows=10.0, lead=False))

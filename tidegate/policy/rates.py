@@ -35,6 +35,15 @@ takes the next window's uncached tokens, in this window's per-step units, as a f
     x3 = (next window's prompt - cached prompt) / steps
     y ~= base + per_seq * x1 + m0 * x2 + m1 * x3          prefill slope = m0 + m1
 
+A prefill longer than a report spills past the next one, so windows are first summed until they
+span two mean prefill durations (`lag_windows` 2, from the engine's
+vllm:request_prefill_time_seconds; below): a prefill then spills at most into the next summed
+window, which the lead reads. Prefills under ~0.75 s keep 1 s windows (a sum ends at the nearest
+report), so on the shipped traces this is the lead on 1 s reports. On a 70B on four GPUs, where
+Mooncake's prompts take seconds to prefill (~9k tokens/s), the lead on 1 s windows alone fitted
+18.1k, the sums without the lead (ten durations, the fit before) 11.8k / 9.3k at loads 0.5 / 1,
+and the two together 10.1k / 10.1k (scripts/measure_rate_estimator.py).
+
 Each window enters the fit when the next one arrives (one report later); an idle next window
 gives it x3 = 0 (nothing was in flight across it), and a garbage one or `interrupt()` (reports may
 have been lost) drops it, its lead unknown. m1 is held at 0 by the prior where the data do not
@@ -44,17 +53,17 @@ load 1 the fit is 48.3k tokens/s (the engine computes 47.6k; 56.5k without the t
 mean-step error p50/p90 4.7/15.0 % (11.5/21.0 %); on a 16-replica fleet at 1.5x capacity the
 published median is 47-53k from 10 s on (56-61k before).
 
-The other remedy, kept for measuring (`lag_windows` > 0, off by default; use it with `lead`
-off): sum windows until they span `lag_windows` times the mean prefill duration the engine
-reports (vllm:request_prefill_time_seconds, first token minus first scheduled; forgotten like
-the fit), at least `min_window_s` and at most `max_window_s`, so that the misplaced share is
-small, and fit the slope on the sums; base and per_seq then come from every report's own window
-with that slope held (`estimate`), since summing averages away the batch spread that identifies
-them. Ten durations (the default until the lead term) gave Mooncake ~3 s windows and 56-59k: the
-misplaced tokens give a window's count a spread of ~15k tokens whatever its length, so longer
-sums only dilute it. A window with no work at all ends the merge early, and a garbage window
-(NaN, negative, no interval: also what the agent sends after a counter reset) or `interrupt()`
-drops it: counts across a gap are not one window.
+Summing windows: the slope is fitted on windows summed (counters add) until they span
+`lag_windows` times the mean prefill duration the engine reports (vllm:request_prefill_time_seconds,
+first token minus first scheduled; forgotten like the fit), at least `min_window_s` and at most
+`max_window_s`; base and per_seq then come from every report's own window with that slope held
+(`estimate`), since summing averages away the batch spread that identifies them. Before the lead
+term, summing alone was the remedy, to ten durations: Mooncake's ~3 s sums fitted 56-59k, since
+the misplaced tokens give a window's count a spread of ~15k tokens whatever its length, so
+longer sums only dilute it (`lead` off and `lag_windows` 10 reproduce it, for measuring). A
+window with no work at all ends the merge early, and a garbage window (NaN, negative, no
+interval: also what the agent sends after a counter reset) or `interrupt()` drops it: counts
+across a gap are not one window.
 
 Fit: theta = (A + L0)^-1 (r + L0 theta0) with A = sum w x x^T, r = sum w x y over windows
 weighted by their decode tokens w and forgotten with half-life `half_life_s`; L0 = prior_weight *
@@ -120,14 +129,14 @@ class RateEstimatorConfig:
     base_ms_bounds: tuple[float, float] = (0.05, 5_000.0)
     per_seq_ms_bounds: tuple[float, float] = (1e-4, 1_000.0)
     prefill_tokens_per_s_bounds: tuple[float, float] = (10.0, 1e7)
-    # Two remedies for prompts counted after the steps they slowed (module docstring). `lead`, the
-    # default: the slope's fit also reads the next window's uncached prompt tokens. `lag_windows`
-    # > 0 (for measuring, with `lead` off): the slope is fitted on report windows summed until
-    # they span that many mean prefill durations (the engine's vllm:request_prefill_time_seconds),
-    # at least `min_window_s` and at most `max_window_s`; base and per_seq stay on every report's
-    # own window. With both, a merged window's lead is the next merged window.
+    # Prompts counted after the steps they slowed (module docstring): the slope's fit reads the
+    # next window's uncached prompt tokens (`lead`), on report windows summed until they span
+    # `lag_windows` mean prefill durations (the engine's vllm:request_prefill_time_seconds), at
+    # least `min_window_s` and at most `max_window_s`, so that a prefill spills at most into the
+    # next summed window; base and per_seq stay on every report's own window. `lead` off with
+    # `lag_windows` 10 is the fit before the lead term (for measuring).
     lead: bool = True
-    lag_windows: float = 0.0   # 0 = off: windows merge only to min_window_s
+    lag_windows: float = 2.0   # 0 = off: windows merge only to min_window_s
     min_window_s: float = 0.0   # reached to the nearest window: report intervals jitter
     max_window_s: float = 10.0
 
