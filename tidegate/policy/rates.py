@@ -49,9 +49,9 @@ gives it x3 = 0 (nothing was in flight across it), and a garbage one or `interru
 have been lost) drops it, its lead unknown. m1 is held at 0 by the prior where the data do not
 identify it (prompts that prefill in one step leave nothing to the next window). Measured
 (tidegate/policy/README.md, "Rate estimator"): on one simulated replica of the Mooncake trace at
-load 1 the fit is 48.3k tokens/s (the engine computes 47.6k; 56.5k without the term) and its
-mean-step error p50/p90 4.7/15.0 % (11.5/21.0 %); on a 16-replica fleet at 1.5x capacity the
-published median is 47-53k from 10 s on (56-61k before).
+load 1 the fit is 46.5k tokens/s (the engine computes 47.6k; 56.5k without the term) and its
+mean-step error p50/p90 5.4/15.5 % (11.5/21.0 %); on a 16-replica fleet at 1.5x capacity the
+published median is 46.5-49.3k from 10 s on (56.5-59.2k before).
 
 Summing windows: the slope is fitted on windows summed (counters add) until they span
 `lag_windows` times the mean prefill duration the engine reports (vllm:request_prefill_time_seconds,
