@@ -446,11 +446,12 @@ class RateEstimator:
     def estimate(self) -> EngineRates:
         """The current fit, clamped to the bounds (the prior before any data).
 
-        Two stages: the prefill slope from the merged windows' fit (where the lag is undone), then
-        base and per_seq from every report's own window with that slope held: the same ridge
-        normal equations' first two rows, so with no merging this is the joint fit exactly, and
-        with merging the decode figures keep the reports' resolution and spread (a merge-only fit
-        cost Azure code, whose prompts have no lag to undo, 2 points of SLO attainment at load 0.7)."""
+        Two stages: the prefill slope (its own and lead coefficients) from the summed windows' fit,
+        then base and per_seq from every report's own window (with the next report's count as its
+        lead) with that slope held: the same ridge normal equations' first two rows, so with no
+        summing this is the joint fit exactly, and with summing the decode figures keep the
+        reports' resolution and spread (a fit of every figure on sums cost Azure code, whose
+        prompts have no lag to undo, 2 points of SLO attainment at load 0.7)."""
         cfg = self.cfg
         t0 = self.theta0
         lam = (cfg.prior_weight, cfg.prior_weight * cfg.batch_scale ** 2, cfg.prior_weight * cfg.prefill_scale ** 2,
