@@ -586,8 +586,9 @@ def test_jittered_report_intervals_merge_to_the_nearest_span() -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_lead_term_undoes_the_attribution_lag_without_long_merges(seed: int) -> None:
     """The default fit reads each window's count and the next one's (what its steps computed but
-    the engine counted after it): on 1 s windows (two ~0.3 s prefills round to one report) it
-    lands where ten-duration merges did, and far closer than the same windows without it."""
+    the engine counted after it): on 1 s windows (two mean prefill durations, ~1.2 s here, round to
+    one report) it lands where ten-duration merges did, and far closer than the same windows
+    without it."""
     truth = EngineRates(47_600.0, 7.5, 0.072)
     windows = lagged_windows(random.Random(seed), truth, 600)
     lead, plain = RateEstimator(), RateEstimator(RateEstimatorConfig(lead=False, lag_windows=0.0))
