@@ -388,11 +388,10 @@ class RateEstimator:
 
     @staticmethod
     def _accumulate(a: list[list[float]], r: list[float], obs: Observation, keep: float, lead: float = 0.0) -> None:
-        x = (1.0, obs.batch, obs.prefill, lead)[:len(r)]
-        n = len(r)
-        for i in range(n):
+        x = (1.0, obs.batch, obs.prefill, lead)
+        for i in range(4):
             r[i] = r[i] * keep + obs.weight * x[i] * obs.step_ms
-            for j in range(n):
+            for j in range(4):
                 a[i][j] = a[i][j] * keep + obs.weight * x[i] * x[j]
 
     def _fit_report(self, window: WorkWindow) -> None:
@@ -409,6 +408,7 @@ class RateEstimator:
                 self._accumulate(self._a1, self._r1, obs, keep)
 
     def _release_report(self, next_uncached: float) -> None:
+        """The held report window enters the decode figures' fit, its lead the next report's count."""
         held, self._held_report = self._held_report, None
         if held is not None:
             obs, keep = held
