@@ -13,6 +13,7 @@ import dataclasses
 import random
 from dataclasses import dataclass
 
+from tidegate.policy.tpot_plan import EARLY_TOKENS
 from tidegate.simulator.engine import Engine
 from tidegate.simulator.profiles import Profile
 
@@ -29,7 +30,8 @@ class SimReplica:
                  use_engine_advance: bool = True) -> None:
         self.replica_id = replica_id
         self.profile = profile
-        self.engine = Engine(profile, rng)
+        # The router times a request's first EARLY_TOKENS gaps (its early TPOT: tpot_plan.py).
+        self.engine = Engine(profile, rng, stamp_output=EARLY_TOKENS + 1)
         self.t = start_s                       # when the engine can start its next step
         self._busy_s = 0.0                     # summed step durations (step path)
         self._idle_s = 0.0                     # engine clock jumps over idle gaps (native path)

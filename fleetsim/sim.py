@@ -96,6 +96,7 @@ from tidegate.policy.registry import (
     notify_output,
     notify_tpot,
 )
+from tidegate.policy.tpot_plan import EARLY_TOKENS
 from tidegate.policy.weights import WeightPolicyConfig, compute_pool_tables
 from tidegate.router.admission_budgets import AdmissionBudgets
 from tidegate.simulator.profiles import Profile
@@ -541,8 +542,11 @@ class Simulation:
                 if tpot is not None and tpot > self.cfg.stop_slo[1]:
                     self._misses += 1
             res = rep.engine.pop_result(req_id)
+            early = None
             if res is not None:
                 rec.cached_tokens = res.cached_tokens
+                if res.stamp_s is not None and res.first_token_s is not None:  # as the live router times it
+                    early = (res.stamp_s - res.first_token_s) / EARLY_TOKENS
             own = rep.solo_prefill_s(rec.req.prompt_tokens - rec.cached_tokens)
             rec.queue_s = max(0.0, rec.first_token_s - rec.req.arrival_s - own - 2 * self.cfg.hop_s)
             self._by_id[rep.replica_id][1].observe_finished(rec.first_token_s, t_s, rec.req.output_tokens)
@@ -557,7 +561,7 @@ class Simulation:
             features = self._features.pop(req_id)
             tpot = rec.tpot_s
             if tpot is not None and self.admission:  # admission enforces the pick's TPOT plan
-                notify_tpot(router.policy, features, rep.replica_id, tpot)
+                notify_tpot(router.policy, features, rep.replica_id, tpot, early)
             notify(router.policy, "on_complete", features, rep.replica_id)
             notify_output(router.policy, features, rep.replica_id, rec.req.output_tokens)
         elif kind == "preempted":

@@ -34,6 +34,7 @@ from tidegate.policy import registry
 from tidegate.policy.admission_budget import Hold, Tokens
 from tidegate.policy.pick import RequestFeatures
 from tidegate.policy.registry import SloTargets
+from tidegate.policy.tpot_plan import EARLY_TOKENS
 from tidegate.router.admission import Gate, Rejected, rejection_response
 from tidegate.router.admission_budgets import AdmissionBudgets
 from tidegate.router.budget import RetryBudget
@@ -72,7 +73,8 @@ class _Exchange:
     attributes with defaults instead of optional keys in the request's mapping, whose misses
     raise and catch a KeyError each (a few per request on the hot path)."""
 
-    __slots__ = ("pool", "status", "cls", "hold", "output_tokens", "tpot_s", "predicted_ttft_s", "sent_s")
+    __slots__ = ("pool", "status", "cls", "hold", "output_tokens", "tpot_s", "early_tpot_s", "predicted_ttft_s",
+                 "sent_s")
 
     def __init__(self) -> None:
         self.pool: str | None = None        # the pool, once the model is known to be one
@@ -88,6 +90,9 @@ class _Exchange:
         # Seconds per output token after the first, of a streamed answer with its usage (the
         # policy's TPOT plan learns from it under admission: registry.notify_tpot).
         self.tpot_s: float | None = None
+        # The same over its first EARLY_TOKENS gaps, timed on SSE events (_ClientSink), when the
+        # answer is longer than that (tpot_plan.py: critical requests plan on it).
+        self.early_tpot_s: float | None = None
         # Under admission: the TTFT its dispatch counted on, and when its last attempt was sent
         # (a streamed answer's first token teaches the gate its TTFT margin: Gate.observe_ttft).
         self.predicted_ttft_s: float | None = None
@@ -228,15 +233,24 @@ class _ClientSink:
     client's transport, framed as aiohttp frames a chunked answer, from the engine connection's
     own callback. The answer's headers and first piece went through aiohttp (out.write), its end
     goes through it too (out.write_eof), so aiohttp frames the start and the end and this the
-    middle, in order on one transport. Keeps the last two pieces (the usage is in them)."""
+    middle, in order on one transport. Keeps the last two pieces (the usage is in them), and
+    notes when the SSE event EARLY_TOKENS after the first arrived (`early_at`): the early TPOT's
+    end. Events stand for tokens there: an engine that coalesces tokens into one event (a slow
+    reader) or sends a role event first moves it by a token or so, which the plan's quantile
+    absorbs; the whole answer's TPOT still comes from the usage's token count."""
 
-    __slots__ = ("_transport", "_chunked", "_high", "prev", "last")
+    __slots__ = ("_transport", "_chunked", "_high", "_clock", "_events", "prev", "last", "early_at")
 
-    def __init__(self, transport: asyncio.Transport, chunked: bool, first: bytes) -> None:
+    def __init__(self, transport: asyncio.Transport, chunked: bool, first: bytes,
+                 clock: Callable[[], float] | None = None) -> None:
         self._transport = transport
         self._chunked = chunked
         self._high = transport.get_write_buffer_limits()[1]  # past it aiohttp's drain() waits
         self.prev, self.last = b"", first
+        self._clock = clock
+        self.early_at: float | None = None
+        # SSE events seen so far (the first piece's included); -1: not counting (timed, or no clock)
+        self._events = first.count(b"data:") if clock is not None else -1
 
     def __call__(self, piece: bytes) -> bool:
         transport = self._transport
@@ -244,6 +258,12 @@ class _ClientSink:
             return False
         transport.write(b"%x\r\n%b\r\n" % (len(piece), piece) if self._chunked else piece)
         self.prev, self.last = self.last, piece
+        if self._events >= 0:
+            events = self._events + piece.count(b"data:")
+            if events > EARLY_TOKENS:
+                self.early_at = self._clock()  # type: ignore[misc]
+                events = -1
+            self._events = events
         return transport.get_write_buffer_size() <= self._high
 
 
@@ -470,7 +490,7 @@ class Proxy:
                 tpot = ex.tpot_s
                 # Only admission enforces the policy's TPOT plan: without it the TPOT says nothing of it.
                 if tpot is not None and self.gate is not None and self.gate.applies(policy):
-                    registry.notify_tpot(policy, req, choice.replica_id, tpot)
+                    registry.notify_tpot(policy, req, choice.replica_id, tpot, ex.early_tpot_s)
                     margin = getattr(policy, "tpot_margin", None)
                     if margin is not None:
                         self._metrics.tpot_plan_margin_for(table.pool).set(margin)
@@ -582,7 +602,8 @@ class Proxy:
             transport = request.transport
             if transport is None or transport.is_closing():
                 raise ConnectionResetError("the client went away")
-            sink = _ClientSink(transport, out.headers.get("Transfer-Encoding") == "chunked", first)
+            sink = _ClientSink(transport, out.headers.get("Transfer-Encoding") == "chunked", first,
+                               self._clock if first_at is not None and self.gate is not None else None)
             upstream.relay(sink)
             while True:
                 try:
@@ -613,6 +634,8 @@ class Proxy:
                     output = ex.output_tokens = int(usage.group(1))
                     if first_at is not None and output > 1:
                         ex.tpot_s = (self._clock() - first_at) / (output - 1)
+                        if sink.early_at is not None and output > EARLY_TOKENS:
+                            ex.early_tpot_s = (sink.early_at - first_at) / EARLY_TOKENS
         except ConnectionResetError:  # the client went away while we wrote to it
             request[_EXCHANGE].status = "499"
             self._metrics.client_disconnects.inc()

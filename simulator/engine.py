@@ -102,6 +102,7 @@ class _Request:
     last_token_s: float | None = None
     scheduled_s: float | None = None  # start of the first step that scheduled it (vLLM's scheduled_ts)
     num_preemptions: int = 0
+    stamp_s: float | None = None  # when its `stamp_output`-th output token was sampled
 
     @property
     def num_tokens(self) -> int:
@@ -158,6 +159,9 @@ class RequestResult:
     preemptions: int
     cached_tokens: int  # prompt tokens served by the prefix cache at first admission
     computed_tokens: int  # tokens computed for it, recomputation included
+    # When its `stamp_output`-th output token was sampled (the engine's argument; None: off or
+    # not reached). What a client timing that token sees, e.g. the router's early TPOT.
+    stamp_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -251,13 +255,15 @@ class Engine:
     """One simulated engine replica. Not thread-safe; no asyncio, no clock.
 
     ``keep_results`` keeps a ``RequestResult`` per request that left the engine, until
-    ``pop_result``; a long-running server passes False. ``jitter_frac`` multiplies each step time
+    ``pop_result``; a long-running server passes False. ``stamp_output`` > 0 records in each
+    result when that output token (1 = the first) was sampled. ``jitter_frac`` multiplies each step time
     by a uniform factor in [1 - j, 1 + j] (it disables the closed-form fast-forward of advance)."""
 
     def __init__(self, profile: Profile, rng: random.Random | None = None, jitter_frac: float = 0.0, *,
-                 enable_prefix_caching: bool = True, keep_results: bool = True) -> None:
+                 enable_prefix_caching: bool = True, keep_results: bool = True, stamp_output: int = 0) -> None:
         if not 0.0 <= jitter_frac < 1.0:
             raise ValueError("jitter_frac must be in [0, 1)")
+        self._stamp = stamp_output
         self.profile = profile
         self.enable_prefix_caching = enable_prefix_caching
         self._rng = rng or random.Random(0)
@@ -386,7 +392,7 @@ class Engine:
         ttft = None if req.first_token_s is None else req.first_token_s - req.arrival_s
         self._results[req.req_id] = RequestResult(
             req.req_id, req.status, req.arrival_s, req.prompt_tokens, req.num_output, req.first_token_s, ttft,
-            finish_s, req.num_preemptions, req.cached_tokens, req.computed_total)
+            finish_s, req.num_preemptions, req.cached_tokens, req.computed_total, req.stamp_s)
 
     # ------------------------------------------------------------------ KV cache
 
@@ -566,6 +572,8 @@ class Engine:
                                              req.prompt_tokens, None, None, None))
                 continue
             req.num_output += 1
+            if req.num_output == self._stamp:
+                req.stamp_s = end_s
             self._c.generation_tokens += 1
             first = req.num_output == 1
             ttft = itl = e2e = None
@@ -740,6 +748,8 @@ class Engine:
             req.num_computed += k
             req.high_water = req.num_computed
             req.computed_total += k
+            if 0 < self._stamp - req.num_output <= k:  # sampled by step j = stamp - num_output of these k
+                req.stamp_s = t0 + elapsed_ms(self._stamp - req.num_output) / 1000.0
             req.num_output += k
             # The k tokens' gaps telescope: their sum is the time since the token before them.
             self._c.itl_sum_s += end_s - (req.last_token_s if req.last_token_s is not None else t0)

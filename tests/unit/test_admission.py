@@ -171,8 +171,9 @@ def test_the_drain_is_measured_while_requests_wait() -> None:
 def test_zero_length_queue_never_holds() -> None:
     q = AdmissionQueue(AdmissionConfig({"critical": ClassLimits(4, 1.0), "standard": ClassLimits(0, 1.0),
                                         "sheddable": ClassLimits(4, 0.0)}, decide_s=None))
-    assert q.arrive("a", "standard", 0, 2, place(0.5, frozenset())).reason == QUEUE_FULL
+    # (sheddable first: after a standard refusal it would be shed for the higher class instead)
     assert q.arrive("b", "sheddable", 0, 2, place(0.5, frozenset())).reason == QUEUE_FULL
+    assert q.arrive("a", "standard", 0, 2, place(0.5, frozenset())).reason == QUEUE_FULL
     assert q.arrive("c", "critical", 0, 2, place(0.5, frozenset())).action == HOLD
 
 
@@ -688,3 +689,41 @@ def test_sweep_rejects_a_held_request_the_margin_makes_late() -> None:
         assert ("h" in q) is kept and len(out) == (0 if kept else 1), margin
         if not kept:
             assert out[0][1].reason == DEADLINE_UNMEETABLE
+
+
+# ---------------------------------------------------------------- higher classes refused (table)
+
+# Each case: (class, when, kind) arrivals on one queue that holds nothing (max_queue 0), with a 2 s
+# TTFT target (the horizon), and the decision the last one gets. "refuse": no replica open, so
+# `queue_full`, a refusal for want of capacity; "tight": a 0.1 s deadline its best TTFT misses
+# (`deadline_unmeetable`, its own deadline); "open": a replica open for it.
+@pytest.mark.parametrize(
+    ("arrivals", "last"),
+    [
+        pytest.param([("standard", 0.0, "refuse"), ("sheddable", 0.5, "open")], (REJECT, SHED),
+                     id="a standard refused: the sheddable arriving within the horizon is shed"),
+        pytest.param([("standard", 0.0, "refuse"), ("sheddable", 2.5, "open")], (DISPATCH, ""),
+                     id="past the horizon it dispatches again"),
+        pytest.param([("standard", 0.0, "refuse"), ("critical", 0.5, "open")], (DISPATCH, ""),
+                     id="a lower class refused never sheds a higher one"),
+        pytest.param([("critical", 0.0, "refuse"), ("standard", 0.5, "open"), ("sheddable", 2.2, "open")],
+                     (REJECT, SHED), id="cascade: the standard shed for critical sheds the sheddable after it"),
+        pytest.param([("critical", 0.0, "tight"), ("standard", 0.5, "open")], (DISPATCH, ""),
+                     id="a critical refused for its own tight deadline is no capacity refusal"),
+        pytest.param([("sheddable", 0.0, "refuse"), ("sheddable", 0.5, "open")], (DISPATCH, ""),
+                     id="its own class refused does not shed it"),
+    ],
+)
+def test_a_class_is_shed_while_a_higher_one_is_refused_for_capacity(arrivals, last) -> None:
+    q = AdmissionQueue(cfg(queue=0))
+    d = None
+    for i, (cls, t, kind) in enumerate(arrivals):
+        if kind == "refuse":
+            d = q.arrive(f"r{i}", cls, t, t + 2.0, place(0.5, frozenset()))
+            assert (d.action, d.reason) == (REJECT, QUEUE_FULL)
+        elif kind == "tight":   # its own 0.1 s deadline is shorter than its TTFT on an idle fleet
+            d = q.arrive(f"r{i}", cls, t, t + 0.1, place(0.5, frozenset()))
+            assert (d.action, d.reason) == (REJECT, DEADLINE_UNMEETABLE)
+        else:
+            d = q.arrive(f"r{i}", cls, t, t + 2.0, place(0.5))
+    assert d is not None and (d.action, d.reason) == last

@@ -13,6 +13,7 @@ from tidegate.policy import registry
 from tidegate.policy.admission import REASONS, AdmissionConfig, ClassLimits
 from tidegate.policy.admission_budget import BudgetConfig, Tokens
 from tidegate.policy.classes import class_of
+from tidegate.policy.tpot_plan import EARLY_TOKENS
 from tidegate.simulator.profiles import get_profile
 
 H100 = get_profile("llama3-8b-h100")
@@ -223,12 +224,14 @@ def test_realized_tpots_reach_the_policys_plan_only_under_admission(admission) -
     realized TPOT to the policy then (as the live router does), and never without it."""
     s = sim(admission)
     seen: list[float] = []
+    early: list[tuple[int | None, float | None]] = []
     policy = s.routers[0].policy
     orig = policy.on_tpot
 
-    def spy(request, replica_id, tpot_s):  # noqa: ANN001
+    def spy(request, replica_id, tpot_s, early_tpot_s=None):  # noqa: ANN001
         seen.append(tpot_s)
-        orig(request, replica_id, tpot_s)
+        early.append((request.true_output_tokens, early_tpot_s))
+        orig(request, replica_id, tpot_s, early_tpot_s)
 
     policy.on_tpot = spy
     res = s.run()
@@ -238,6 +241,9 @@ def test_realized_tpots_reach_the_policys_plan_only_under_admission(admission) -
     else:
         assert sorted(seen) == sorted(r.tpot_s for r in finished) and len(seen) > 32
         assert 1.0 <= policy.tpot_margin <= 2.0
+        # The early TPOT (tpot_plan.EARLY_TOKENS gaps) comes with exactly the answers longer than that.
+        assert early and all((e is not None) == (n > EARLY_TOKENS) for n, e in early)
+        assert any(e is not None for _, e in early)
 
 
 def test_first_tokens_teach_each_router_its_ttft_margin() -> None:

@@ -529,6 +529,7 @@ class FakeTpotPolicy(FakeOutputPolicy):
     def __init__(self) -> None:
         super().__init__()
         self.tpots: list[tuple[str, float]] = []
+        self.early: list[float | None] = []
 
     def predictions(self, snapshot, request):
         from tidegate.policy.predict import Prediction
@@ -538,8 +539,9 @@ class FakeTpotPolicy(FakeOutputPolicy):
 
     tpot_margin = 1.25
 
-    def on_tpot(self, request, replica_id, tpot_s):
+    def on_tpot(self, request, replica_id, tpot_s, early_tpot_s=None):
         self.tpots.append((replica_id, tpot_s))
+        self.early.append(early_tpot_s)
         self.calls.append(("tpot", replica_id))
 
 
@@ -576,6 +578,38 @@ async def test_realized_tpot_reaches_the_policy_only_under_admission(monkeypatch
     else:
         assert fake.tpots == []
         assert router.metrics.registry.get_sample_value("tidegate_router_tpot_plan_margin", {"model": "m"}) is None
+
+
+async def test_the_early_tpot_is_timed_on_answers_longer_than_its_window(monkeypatch):
+    """Under admission a streamed answer longer than EARLY_TOKENS tokens also reports the TPOT of
+    its first EARLY_TOKENS gaps, timed on its SSE events; a shorter one reports none (its whole
+    TPOT stands in: tpot_plan.TpotPlan.observe)."""
+    from prometheus_client import CollectorRegistry
+
+    from tidegate.policy import registry
+    from tidegate.policy.admission import AdmissionConfig, ClassLimits
+    from tidegate.policy.tpot_plan import EARLY_TOKENS
+    from tidegate.router.admission import AdmissionMetrics, Gate
+
+    fake = FakeTpotPolicy()
+    monkeypatch.setattr(registry, "create", lambda name: fake)
+    tables = RoutingTables()
+    router = Router(tables)
+    async with sim_engine() as url, router as client:
+        set_table(tables, "m", [("a", url, 1.0)])
+        limits = {c: ClassLimits(4, 30.0) for c in ("critical", "standard", "sheddable")}
+        router.proxy.gate = Gate(AdmissionConfig(limits), time.monotonic, AdmissionMetrics(CollectorRegistry()))
+        for max_tokens in (EARLY_TOKENS, 3 * EARLY_TOKENS):
+            r = await client.post("/v1/chat/completions", json={
+                **CHAT, "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}})
+            assert r.status == 200
+            await r.read()
+    assert len(fake.tpots) == 2
+    short, long_ = fake.early
+    assert short is None
+    assert long_ is not None and 0 < long_ < 1.0
+    # The first EARLY_TOKENS gaps of an answer three times as long: about its TPOT, not its whole length.
+    assert long_ < 2.5 * fake.tpots[1][1]
 
 
 def deadline_clock(tick_s: float = 0.01) -> _DeadlineClock:

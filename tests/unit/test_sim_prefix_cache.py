@@ -205,7 +205,8 @@ def _replay(engine: Engine, reqs, fast: bool, chunk_s: float | None = None):
 def test_advance_fast_forward_equals_step_by_step(seed, blocks):
     p = get_profile("llama3-8b-h100").with_overrides(num_gpu_blocks=blocks, max_num_seqs=8 if seed % 2 else 256)
     reqs = _random_workload(seed)
-    fast, slow = Engine(p), Engine(p)
+    # Stamping the 17th output token (the router's early TPOT): the closed form places it in its stretch.
+    fast, slow = Engine(p, stamp_output=17), Engine(p, stamp_output=17)
     ev_fast = _replay(fast, reqs, True)
     ev_slow = _replay(slow, reqs, False)
     assert [(x.req_id, x.kind) for x in ev_fast] == [(x.req_id, x.kind) for x in ev_slow]
@@ -215,6 +216,10 @@ def test_advance_fast_forward_equals_step_by_step(seed, blocks):
         a, b = fast.request_result(rid), slow.request_result(rid)
         assert a.ttft_s == pytest.approx(b.ttft_s, rel=1e-9, abs=1e-9)
         assert a.finish_s == pytest.approx(b.finish_s, rel=1e-9, abs=1e-9)
+        assert (a.stamp_s is None) == (a.output_tokens < 17) == (b.stamp_s is None)
+        if a.stamp_s is not None:
+            assert a.first_token_s < a.stamp_s <= a.finish_s
+            assert a.stamp_s == pytest.approx(b.stamp_s, rel=1e-9, abs=1e-9)
         assert (a.preemptions, a.cached_tokens, a.computed_tokens) == (b.preemptions, b.cached_tokens,
                                                                        b.computed_tokens)
     _assert_same_stats(fast, slow)

@@ -189,3 +189,41 @@ def test_an_enforced_plan_that_is_never_measured_stops_at_the_cap_after_min_samp
     for _ in range(SMALL.min_samples):
         plan.observe(0.06, 0.05)
     assert plan.margin == pytest.approx(1.2)                   # measured: the data decide
+
+
+@pytest.mark.parametrize(
+    ("whole", "early", "margin", "critical"),
+    [
+        pytest.param([1.0] * 100, [None] * 100, 1.0, 1.0, id="no early TPOT timed: the whole one stands in"),
+        pytest.param([1.0] * 100, [1.0] * 90 + [1.5] * 10, 1.0, 1.5,
+                     id="short answers' stalls show early: critical plans on them, the rest do not"),
+        pytest.param([1.0] * 95 + [1.3] * 5, [0.8] * 100, 1.3, 1.0,
+                     id="the whole answers' misses set the plain margin, not the critical one"),
+        pytest.param([1.0] * 100, [math.nan] * 50 + [1.4] * 50, 1.0, 1.4, id="a garbage early TPOT: the whole one"),
+        pytest.param([1.0] * 100, [5.0] * 100, 1.0, 2.0, id="critical capped at max_margin too"),
+    ],
+)
+def test_critical_requests_plan_on_the_early_tpot(whole: list[float], early: list[float | None], margin: float,
+                                                   critical: float) -> None:
+    plan = TpotPlan(SMALL)
+    planned = 0.05
+    for w, e in zip(whole, early, strict=True):
+        plan.observe(w * planned, planned, None if e is None else e * planned)
+    assert plan.margin == pytest.approx(margin)
+    # a garbage early ratio counts as its whole answer's (1.0 here): q0.995 of 50 x 1.0 and 50 x 1.4
+    assert plan.critical_margin == pytest.approx(critical)
+
+
+def test_the_policy_passes_the_early_tpot_to_its_plan() -> None:
+    # Not enforced: no startup cap, so every request (standard: margin 1 throughout) is planned to 50 ms.
+    policy = TidegatePolicy(SloTargets(ttft_s=2.0, tpot_s=0.05))
+    snap = PoolSnapshot((ENTRY,), {}, frozenset(), slo=SloTargets(ttft_s=2.0, tpot_s=0.05))
+    for i in range(64):
+        req = RequestFeatures(prompt_tokens=100, max_tokens=50, req_id=f"r{i}")
+        pick = policy.pick(snap, req, random.Random(0))
+        assert pick is not None
+        policy.on_dispatch(req, pick.replica_id)
+        registry.notify_tpot(policy, req, pick.replica_id, 0.04, 0.09)   # early 1.8x the plan, whole 0.8x
+        policy.on_complete(req, pick.replica_id)
+    assert policy._tpot_plan.margin == pytest.approx(1.0)
+    assert policy._tpot_plan.critical_margin == pytest.approx(1.8)

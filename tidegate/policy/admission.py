@@ -447,6 +447,9 @@ class AdmissionQueue:
         self._peer_held: dict[str, dict[str, float]] = {}
         # Per peer router holding critical requests: its critical head's last start, in our clock.
         self._peer_critical: dict[str, float] = {}
+        # Per class: when a request of it was last refused for want of capacity (see "Higher
+        # classes refused").
+        self._refused_at: dict[str, float] = dict.fromkeys(CLASSES, -math.inf)
 
     # ------------------------------------------------------------------ reading
 
@@ -611,6 +614,10 @@ class AdmissionQueue:
         self._count(cls, place.prefill_tokens, remaining, now)
         before = any(self._q[c] for c in CLASSES[:rank + 1]) or self._peer_holds_above(rank)
         ttft_m = self.ttft_margin
+        if rank > 0 and any(now - self._refused_at[c] < self._horizon_s for c in CLASSES[:rank]):
+            # A higher class was refused for want of capacity within the horizon: what this one
+            # would take, that class needs (see "Higher classes refused").
+            return self._refused(cls, now, Decision(REJECT, SHED, self._retry_after(self._horizon_s)))
         if not before and place.open and place.within_budget and place.open_ttft_s + ttft_m <= remaining:
             self._dispatched(place.prefill_tokens)
             return Decision(DISPATCH, open=place.open, ttft_s=place.open_ttft_s)
@@ -632,17 +639,21 @@ class AdmissionQueue:
             own_wait += self._margin[cls]
             all_wait = predicted + self._margin[cls]
         if own_wait + place.ttft_s + ttft_m > remaining:
-            return Decision(REJECT, DEADLINE_UNMEETABLE, self._retry_after(all_wait + place.ttft_s - remaining))
+            # Its own deadline against its own class's queue, not capacity kept for others: a
+            # client's tight deadline header must not shed the classes below it.
+            return self._refused(cls, now, Decision(REJECT, DEADLINE_UNMEETABLE, self._retry_after(
+                all_wait + place.ttft_s - remaining)), capacity=False)
         if all_wait + place.ttft_s + ttft_m > remaining:
-            return Decision(REJECT, SHED, self._retry_after(all_wait + place.ttft_s - remaining))
+            return self._refused(cls, now, Decision(REJECT, SHED,
+                                                    self._retry_after(all_wait + place.ttft_s - remaining)))
         if rank > 0 and not place.within_budget:
             # Over its class's fraction of the router's budget share: the rest is kept for the
             # higher classes, so it would go only once they leave room, which under overload they
             # do not before its deadline (measured: such requests were rejected at it).
-            return Decision(REJECT, SHED, self._retry_after(all_wait + place.ttft_s))
+            return self._refused(cls, now, Decision(REJECT, SHED, self._retry_after(all_wait + place.ttft_s)))
         limit = self.cfg.limits[cls]
         if len(self._q[cls]) >= limit.max_queue or limit.max_wait_s <= 0:
-            return Decision(REJECT, QUEUE_FULL, self._retry_after(all_wait))
+            return self._refused(cls, now, Decision(REJECT, QUEUE_FULL, self._retry_after(all_wait)))
         if key in self._keys:
             raise ValueError("admission: key already held")
         h = Held(key, cls, max(1.0, place.prefill_tokens), now, deadline_s, now + limit.max_wait_s, place.ttft_s,
@@ -652,6 +663,12 @@ class AdmissionQueue:
         self._held_by_size[cls][size_bucket(h.prefill_tokens)] += h.prefill_tokens
         self._keys[key] = h
         return Decision(HOLD)
+
+    def _refused(self, cls: str, now: float, d: Decision, capacity: bool = True) -> Decision:
+        """A refusal of class `cls`; `capacity`: for want of capacity (see "Higher classes refused")."""
+        if capacity and now > self._refused_at[cls]:
+            self._refused_at[cls] = now
+        return d
 
     def sweep(self, now: float) -> list[tuple[Held, Decision]]:
         """Rejects the held requests that timed out or can no longer meet their deadline from
@@ -679,7 +696,8 @@ class AdmissionQueue:
                 ahead_own += h.prefill_tokens
             self._q[c] = keep
             ahead_all += ahead_own
-        for h, _ in out:
+        for h, d in out:  # held too long, or too late from its place: capacity it did not get
+            self._refused(h.cls, now, d)
             self._forget(h)
         return out
 
@@ -754,6 +772,8 @@ class AdmissionQueue:
             self._dispatched(h.prefill_tokens)
             if self.cfg.decide_s is not None:
                 self._measured_wait(h, now)
+        else:
+            self._refused(h.cls, now, d)
         self._q[h.cls].popleft()
         self._forget(h)
         return h, d

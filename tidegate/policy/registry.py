@@ -170,12 +170,14 @@ def enforce_tpot_plan(policy: object) -> None:
         fn()
 
 
-def notify_tpot(policy: object, request: RequestFeatures, replica_id: str, tpot_s: float) -> None:
-    """Tell a policy that has `on_tpot` a finished request's realized TPOT (before on_complete).
-    Only routers that enforce the policy's TPOT plan (admission) call it (tpot_plan.py)."""
+def notify_tpot(policy: object, request: RequestFeatures, replica_id: str, tpot_s: float,
+                early_tpot_s: float | None = None) -> None:
+    """Tell a policy that has `on_tpot` a finished request's realized TPOT and its early TPOT
+    (over its first tpot_plan.EARLY_TOKENS gaps; None when not timed), before on_complete. Only
+    routers that enforce the policy's TPOT plan (admission) call it (tpot_plan.py)."""
     fn = getattr(policy, "on_tpot", None)
     if fn is not None and tpot_s >= 0:
-        fn(request, replica_id, tpot_s)
+        fn(request, replica_id, tpot_s, early_tpot_s)
 
 
 _FACTORIES: dict[str, Callable[[], Policy]] = {}

@@ -648,13 +648,15 @@ class TidegatePolicy:
         """The router enforces this policy's TPOT plan (admission): see TpotPlan.enforce."""
         self._tpot_plan.enforce()
 
-    def on_tpot(self, request: RequestFeatures, replica_id: str, tpot_s: float) -> None:
-        """A request's realized TPOT (seconds per output token after the first), reported by a
-        router that enforces the plan (admission) before on_complete; ignored for a request this
-        policy did not place or without a plan."""
+    def on_tpot(self, request: RequestFeatures, replica_id: str, tpot_s: float,
+                early_tpot_s: float | None = None) -> None:
+        """A request's realized TPOT (seconds per output token after the first) and its early TPOT
+        (over its first tpot_plan.EARLY_TOKENS gaps; None: not timed), reported by a router that
+        enforces the plan (admission) before on_complete; ignored for a request this policy did
+        not place or without a plan."""
         f = self._flights.get(self._key(request, replica_id))
         if f is not None:
-            self._tpot_plan.observe(tpot_s, f.plan_tpot_s)
+            self._tpot_plan.observe(tpot_s, f.plan_tpot_s, early_tpot_s)
 
     def on_complete(self, request: RequestFeatures, replica_id: str) -> None:
         f = self._flights.pop(self._key(request, replica_id), None)
