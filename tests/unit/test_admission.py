@@ -706,15 +706,17 @@ def test_sweep_rejects_a_held_request_the_margin_makes_late() -> None:
                      id="past the horizon it dispatches again"),
         pytest.param([("standard", 0.0, "refuse"), ("critical", 0.5, "open")], (DISPATCH, ""),
                      id="a lower class refused never sheds a higher one"),
-        pytest.param([("critical", 0.0, "refuse"), ("standard", 0.5, "open"), ("sheddable", 2.2, "open")],
-                     (REJECT, SHED), id="cascade: the standard shed for critical sheds the sheddable after it"),
-        pytest.param([("critical", 0.0, "tight"), ("standard", 0.5, "open")], (DISPATCH, ""),
+        pytest.param([("critical", 0.0, "refuse"), ("sheddable", 1.9, "open")], (REJECT, SHED),
+                     id="a critical refused sheds the sheddable too"),
+        pytest.param([("critical", 0.0, "refuse"), ("standard", 0.5, "open")], (DISPATCH, ""),
+                     id="standard carries an SLO promise: only the lowest class is shed this way"),
+        pytest.param([("critical", 0.0, "tight"), ("sheddable", 0.5, "open")], (DISPATCH, ""),
                      id="a critical refused for its own tight deadline is no capacity refusal"),
         pytest.param([("sheddable", 0.0, "refuse"), ("sheddable", 0.5, "open")], (DISPATCH, ""),
                      id="its own class refused does not shed it"),
     ],
 )
-def test_a_class_is_shed_while_a_higher_one_is_refused_for_capacity(arrivals, last) -> None:
+def test_the_lowest_class_is_shed_while_a_higher_one_is_refused_for_capacity(arrivals, last) -> None:
     q = AdmissionQueue(cfg(queue=0))
     d = None
     for i, (cls, t, kind) in enumerate(arrivals):

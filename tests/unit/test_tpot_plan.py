@@ -210,7 +210,7 @@ def test_critical_requests_plan_on_the_early_tpot(whole: list[float], early: lis
     for w, e in zip(whole, early, strict=True):
         plan.observe(w * planned, planned, None if e is None else e * planned)
     assert plan.margin == pytest.approx(margin)
-    # a garbage early ratio counts as its whole answer's (1.0 here): q0.995 of 50 x 1.0 and 50 x 1.4
+    # a garbage early ratio counts as its whole answer's (1.0 here): q0.99 of 50 x 1.0 and 50 x 1.4
     assert plan.critical_margin == pytest.approx(critical)
 
 

@@ -69,7 +69,24 @@ Measured with classes at the loads that were 1.5x the SLO capacity before it (do
 86.9 -> 87.4 % (4 routers 85.3 -> 87.4 %), Mooncake unchanged within its seeds' spread; it also
 raises the SLO capacity with admission (conversation +5 %).
 
+Higher classes refused. A `sheddable` request is shed at arrival while a class above it had a
+request refused for want of capacity within the horizon (the TTFT target): shed, queue_full, a
+held request's timeout or late deadline. Not `deadline_unmeetable` at arrival, which weighs a
+request's own deadline against its own class's queue (a client's tight deadline header must not
+shed the classes below it). Why: the other rules admit a lower class whenever a replica is open
+and its queue is empty, and under overload that happens in the lulls of a bursty arrival stream;
+a request admitted then decodes for seconds and takes the steps the higher class's next burst
+needed. The refusal is the measured sign that the pool cannot carry the higher classes' demand,
+and the TTFT target is the horizon their arrival rates are averaged over. Only the lowest class:
+`standard` carries an SLO promise too, and shed for `critical` refusals (which with several
+routers include those of peers' imprecision) it lost 3.6 points with 4 routers (Mooncake at 1.5x,
+seed 1). Measured at 1.5x capacity with classes (docs/BENCHMARKS.md, "Critical requests plan on
+their first tokens"): with the early TPOT plan, Mooncake `standard` 83.6-89.4 -> 87.4-89.8 % over
+six seeds (`sheddable` 10.8-14.3 -> 0.9-2.2 %).
+
 On arrival of a request of class c:
+0. c is the lowest class and a class above it was refused for want of capacity within the
+   horizon -> reject `shed`;
 1. nothing of class >= c is queued, no peer router holds a class above c (`on_peer_held`),
    `open` not empty, the router's budget share has room (`within_budget`) and
    ttft_open <= remaining -> dispatch;
@@ -614,7 +631,7 @@ class AdmissionQueue:
         self._count(cls, place.prefill_tokens, remaining, now)
         before = any(self._q[c] for c in CLASSES[:rank + 1]) or self._peer_holds_above(rank)
         ttft_m = self.ttft_margin
-        if rank > 0 and any(now - self._refused_at[c] < self._horizon_s for c in CLASSES[:rank]):
+        if rank == len(CLASSES) - 1 and any(now - self._refused_at[c] < self._horizon_s for c in CLASSES[:rank]):
             # A higher class was refused for want of capacity within the horizon: what this one
             # would take, that class needs (see "Higher classes refused").
             return self._refused(cls, now, Decision(REJECT, SHED, self._retry_after(self._horizon_s)))
