@@ -32,9 +32,10 @@ ms on an H100 8B) decides it, where a 300-token answer averages the same stall a
 answer's TPOT, measured at completion, mixes both, so its quantile plans the short ones too
 loosely; over each request's first 16 gaps every request, long ones too, shows how a short answer
 placed like it would have fared. The early ratio runs higher than the whole one, so its 0.99
-quantile is already stricter than the whole answers' 0.995 was (critical_quantile before this; at
-0.995 on the early TPOT the margin sat at its cap, 2, and four routers' `standard` lost up to 7
-points). Only critical requests plan on it: planned on it too, `standard` fell to 84.5-88.5 %
+quantile is already stricter than the whole answers' 0.995 was (critical_quantile before this; on
+Mooncake at 1.5x the early margin ends at 1.9-2.0 with one router; at 0.995 four routers' margins
+sat at 1.75-2.0 and their `standard` attained 1-2 points less than at 0.99). Only critical
+requests plan on it: planned on it too, `standard` fell to 84.5-88.5 %
 (Mooncake at 1.5x, six seeds) for a class that needs 85 %. Every run without classes is unchanged
 (nobody plans with the critical margin). Measured with admission's "Higher classes refused"
 (docs/BENCHMARKS.md, "Critical requests plan on their first tokens"). A caller that cannot time
@@ -63,7 +64,7 @@ class TpotPlanConfig:
     quantile: float = 0.99
     # For `critical` requests (priority >= 1), on their early TPOT (EARLY_TOKENS): their class must
     # attain 99 % of both SLOs. (0.995 on the whole TPOT before the early one; on the early one it
-    # pinned the margin at max_margin.)
+    # held four routers' margins near max_margin, at a cost to `standard`: tpot_plan docstring.)
     critical_quantile: float = 0.99
     window: int = 1024
     min_samples: int = 32
