@@ -545,26 +545,37 @@ class FakeTpotPolicy(FakeOutputPolicy):
         self.calls.append(("tpot", replica_id))
 
 
+def _tpot_router(monkeypatch) -> tuple[FakeTpotPolicy, RoutingTables, Router]:
+    """A router whose every pool runs one FakeTpotPolicy."""
+    from tidegate.policy import registry
+
+    fake = FakeTpotPolicy()
+    monkeypatch.setattr(registry, "create", lambda name: fake)
+    tables = RoutingTables()
+    return fake, tables, Router(tables)
+
+
+def _small_gate():
+    """An admission gate holding up to 4 requests per class (it enforces the policy's TPOT plan)."""
+    from prometheus_client import CollectorRegistry
+
+    from tidegate.policy.admission import AdmissionConfig, ClassLimits
+    from tidegate.router.admission import AdmissionMetrics, Gate
+
+    limits = {c: ClassLimits(4, 30.0) for c in ("critical", "standard", "sheddable")}
+    return Gate(AdmissionConfig(limits), time.monotonic, AdmissionMetrics(CollectorRegistry()))
+
+
 @pytest.mark.parametrize("admission", [True, False])
 async def test_realized_tpot_reaches_the_policy_only_under_admission(monkeypatch, admission):
     """A streamed answer with usage: (end - first chunk) / (tokens - 1), before on_complete, and
     only when admission enforces the policy's plan; a stream without usage or a non-streamed
     answer says nothing (no token count, no first-token time)."""
-    from prometheus_client import CollectorRegistry
-
-    from tidegate.policy import registry
-    from tidegate.policy.admission import AdmissionConfig, ClassLimits
-    from tidegate.router.admission import AdmissionMetrics, Gate
-
-    fake = FakeTpotPolicy()
-    monkeypatch.setattr(registry, "create", lambda name: fake)
-    tables = RoutingTables()
-    router = Router(tables)
+    fake, tables, router = _tpot_router(monkeypatch)
     async with sim_engine() as url, router as client:
         set_table(tables, "m", [("a", url, 1.0)])
         if admission:
-            limits = {c: ClassLimits(4, 30.0) for c in ("critical", "standard", "sheddable")}
-            router.proxy.gate = Gate(AdmissionConfig(limits), time.monotonic, AdmissionMetrics(CollectorRegistry()))
+            router.proxy.gate = _small_gate()
         for extra in ({"stream": True, "stream_options": {"include_usage": True}}, {"stream": True}, {}):
             r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 12, **extra})
             assert r.status == 200
@@ -584,21 +595,12 @@ async def test_the_early_tpot_is_timed_on_answers_longer_than_its_window(monkeyp
     """Under admission a streamed answer longer than EARLY_TOKENS tokens also reports the TPOT of
     its first EARLY_TOKENS gaps, timed on its SSE events; a shorter one reports none (its whole
     TPOT stands in: tpot_plan.TpotPlan.observe)."""
-    from prometheus_client import CollectorRegistry
-
-    from tidegate.policy import registry
-    from tidegate.policy.admission import AdmissionConfig, ClassLimits
     from tidegate.policy.tpot_plan import EARLY_TOKENS
-    from tidegate.router.admission import AdmissionMetrics, Gate
 
-    fake = FakeTpotPolicy()
-    monkeypatch.setattr(registry, "create", lambda name: fake)
-    tables = RoutingTables()
-    router = Router(tables)
+    fake, tables, router = _tpot_router(monkeypatch)
     async with sim_engine() as url, router as client:
         set_table(tables, "m", [("a", url, 1.0)])
-        limits = {c: ClassLimits(4, 30.0) for c in ("critical", "standard", "sheddable")}
-        router.proxy.gate = Gate(AdmissionConfig(limits), time.monotonic, AdmissionMetrics(CollectorRegistry()))
+        router.proxy.gate = _small_gate()
         for max_tokens in (EARLY_TOKENS, 3 * EARLY_TOKENS):
             r = await client.post("/v1/chat/completions", json={
                 **CHAT, "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}})
