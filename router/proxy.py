@@ -74,7 +74,7 @@ class _Exchange:
     raise and catch a KeyError each (a few per request on the hot path)."""
 
     __slots__ = ("pool", "status", "cls", "hold", "output_tokens", "tpot_s", "early_tpot_s", "predicted_ttft_s",
-                 "sent_s")
+                 "sent_s", "plans_tpot")
 
     def __init__(self) -> None:
         self.pool: str | None = None        # the pool, once the model is known to be one
@@ -97,6 +97,9 @@ class _Exchange:
         # (a streamed answer's first token teaches the gate its TTFT margin: Gate.observe_ttft).
         self.predicted_ttft_s: float | None = None
         self.sent_s = 0.0
+        # Whether the pick's TPOT plan learns from this request (admission enforces it for a policy
+        # it applies to): else the TPOTs, early or whole, are not worth timing.
+        self.plans_tpot = False
 
 
 _EXCHANGE = web.RequestKey("tidegate_exchange", _Exchange)  # what the proxy notes of one request
@@ -452,6 +455,7 @@ class Proxy:
                     closed: frozenset[str] = frozenset(),
                     on_sent: Callable[[], None] | None = None) -> web.StreamResponse:
         ex = request[_EXCHANGE]
+        ex.plans_tpot = self.gate is not None and self.gate.applies(policy)
         tried: list[str] = []
         failure: _Failure | None = None
         avoid = self._refusals.avoided() | closed
@@ -489,7 +493,7 @@ class Proxy:
                 self._inflight.release(choice.replica_id)
                 tpot = ex.tpot_s
                 # Only admission enforces the policy's TPOT plan: without it the TPOT says nothing of it.
-                if tpot is not None and self.gate is not None and self.gate.applies(policy):
+                if tpot is not None and ex.plans_tpot:
                     registry.notify_tpot(policy, req, choice.replica_id, tpot, ex.early_tpot_s)
                     margin = getattr(policy, "tpot_margin", None)
                     if margin is not None:
@@ -595,15 +599,15 @@ class Proxy:
                     self._metrics.class_ttft_for(table.pool, request[_EXCHANGE].cls).observe(ttft)
             if first_token is not None:
                 first_token()
+            ex = request[_EXCHANGE]
             if first_at is not None and self.gate is not None:  # without admission: nothing to learn
-                ex = request[_EXCHANGE]
                 if ex.predicted_ttft_s is not None:
                     self.gate.observe_ttft(table.pool, ex.predicted_ttft_s, first_at - ex.sent_s)
             transport = request.transport
             if transport is None or transport.is_closing():
                 raise ConnectionResetError("the client went away")
             sink = _ClientSink(transport, out.headers.get("Transfer-Encoding") == "chunked", first,
-                               self._clock if first_at is not None and self.gate is not None else None)
+                               self._clock if first_at is not None and ex.plans_tpot else None)
             upstream.relay(sink)
             while True:
                 try:

@@ -21,6 +21,12 @@ etcd and upstream and measures it alongside: closed-loop runs alternate between 
 (`--rounds N` each, medians reported) and the fixed-rate client's blocks rotate over upstream,
 router and baseline, so that a shared machine's noise hits both alike.
 
+`--peer NAME=CMD` (repeatable) measures another project's router the same way, alongside: CMD is
+formatted with `{upstream}` (the instant upstream's URL), `{port}` and `{metrics_port}` (free
+ports for it: both peers below open a Prometheus listener on a fixed default port), e.g.
+`--peer "vllm-router=vllm-router --worker-urls {upstream} --policy round_robin --host 127.0.0.1
+--port {port}"`. It is pinned to the router core too, so its figures are per core as well.
+
 Prints a table and writes JSON (`--json`). Without `wrk` on PATH (apt-get install wrk), (a) and
 (c) fall back to a Python closed-loop client, which is then likely the limit in (a).
 
@@ -41,6 +47,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -289,6 +296,12 @@ def _output(argv: list[str]) -> str:
     return proc.stdout
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _percentile(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
@@ -347,6 +360,26 @@ class Bench:
                 raise SystemExit("router never synced: " + (self.tmp / log).read_text()[-2000:])
             time.sleep(0.1)
 
+    def start_peer(self, name: str, command: str, upstream: str) -> tuple[str, int]:
+        """Another project's router in front of the same upstream; ready once it answers a tiny
+        request with 200."""
+        port, metrics_port = _free_port(), _free_port()  # the peers take no "--port 0"
+        log = f"peer-{name}.log"
+        argv = shlex.split(command.format(upstream=upstream, port=port, metrics_port=metrics_port))
+        p = self.spawn([*_pin(self.args.router_core), *argv], log)
+        url = f"http://127.0.0.1:{port}"
+        req = urllib.request.Request(url + CHAT_PATH, data=json.dumps(TINY).encode(),
+                                     headers={"Content-Type": "application/json"})
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(req, timeout=2) as r:
+                    if r.status == 200:
+                        return url, p.pid
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"peer {name} did not start: " + (self.tmp / log).read_text()[-2000:])
+            time.sleep(0.2)
+
     def closed_loop(self, url: str, connections: int, duration: float, stream: bool) -> dict[str, Any]:
         """requests, errors, wall_s of a closed-loop run against `url`."""
         if self.wrk:
@@ -391,6 +424,9 @@ class Bench:
                 urls = {"router": self.start_router(etcd.endpoint, a.router_cmd)}
                 if a.baseline_cmd:
                     urls["baseline"] = self.start_router(etcd.endpoint, a.baseline_cmd, "baseline.log")
+                for spec in a.peer:
+                    name, _, command = spec.partition("=")
+                    urls[name] = self.start_peer(name, command, upstream)
                 for url, _ in urls.values():  # warm-up: connection pools, code paths, the policy's state
                     self.closed_loop(url, a.connections, 2, stream=False)
                 phases = set(a.phases.split(","))
@@ -414,6 +450,7 @@ class Bench:
                 result.update(figures["router"])
                 if "baseline" in figures:
                     result["baseline"] = figures["baseline"]
+                result["peers"] = {name: figures[name] for name in urls if name not in ("router", "baseline")}
             finally:
                 self.close()
         result["loadavg_end"] = _loadavg()
@@ -524,6 +561,8 @@ def report(r: dict[str, Any]) -> str:
     rows += _rows(r, r["config"]["chunks"], "router")
     if "baseline" in r:
         rows += _rows(r["baseline"], r["config"]["chunks"], "baseline")
+    for name, figures in r.get("peers", {}).items():
+        rows += _rows(figures, r["config"]["chunks"], name)
     rows.append(("load average start / end", f"{r['loadavg_start']} / {r['loadavg_end']}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -569,6 +608,9 @@ def main(argv: list[str] | None = None) -> int:
                                           "(e.g. -10, as root: ahead of other work on a shared machine)")
     ap.add_argument("--baseline-cmd", help="a second router, run by this command, measured alongside (its runs "
                                             "alternate with the first's): e.g. another checkout's tidegate")
+    ap.add_argument("--peer", action="append", default=[], metavar="NAME=CMD",
+                    help="another project's router, measured alongside (repeat); CMD is formatted with "
+                         "{upstream}, {port} and {metrics_port}")
     ap.add_argument("--rounds", type=int, default=1, help="closed-loop runs per router (the median is reported)")
     ap.add_argument("--router-cmd", help="command that stands for `tidegate` (default: the venv's), e.g. to "
                                          "compare with another checkout")

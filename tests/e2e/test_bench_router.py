@@ -22,3 +22,39 @@ def test_a_router_that_does_not_start_leaves_no_upstream_running(tmp_path: Path)
         bench.run()
     assert len(bench.procs) == 2                    # the upstream, then the router that failed
     assert all(p.poll() is not None for p in bench.procs), "a helper process is still running"
+
+
+# A stand-in for another project's router (vllm-router, sglang-router): answers every POST with
+# 200 on the port the bench gives it, as those peers do once their worker is healthy.
+_PEER = ("{python} -c \"import http.server as h\n"
+         "class H(h.BaseHTTPRequestHandler):\n"
+         "    def do_POST(self):\n"
+         "        self.rfile.read(int(self.headers['Content-Length']))\n"
+         "        self.send_response(200); self.send_header('Content-Length', '2'); self.end_headers()\n"
+         "        self.wfile.write(b'ok')\n"
+         "h.HTTPServer(('127.0.0.1', {{port}}), H).serve_forever()\"")
+
+
+def test_a_peer_router_is_started_on_its_port_and_ready_when_it_answers(tmp_path: Path) -> None:
+    import sys
+    import urllib.request
+
+    args = SimpleNamespace(router_core=None)
+    bench = BENCH.Bench(args, tmp_path)
+    try:
+        url, pid = bench.start_peer("stand-in", _PEER.format(python=sys.executable), "http://127.0.0.1:1")
+        assert pid == bench.procs[0].pid
+        with urllib.request.urlopen(urllib.request.Request(url + "/v1/chat/completions", data=b"{}"),
+                                    timeout=5) as r:
+            assert r.status == 200
+    finally:
+        bench.close()
+    assert all(p.poll() is not None for p in bench.procs)
+
+
+def test_a_peer_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
+    args = SimpleNamespace(router_core=None)
+    bench = BENCH.Bench(args, tmp_path)
+    with pytest.raises(SystemExit, match="peer gone did not start: no such worker"):
+        bench.start_peer("gone", "sh -c 'echo no such worker {upstream} >&2; exit 3'", "http://127.0.0.1:1")
+    bench.close()

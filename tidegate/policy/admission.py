@@ -633,8 +633,9 @@ class AdmissionQueue:
         ttft_m = self.ttft_margin
         if rank == len(CLASSES) - 1 and any(now - self._refused_at[c] < self._horizon_s for c in CLASSES[:rank]):
             # A higher class was refused for want of capacity within the horizon: what this one
-            # would take, that class needs (see "Higher classes refused").
-            return self._refused(cls, now, Decision(REJECT, SHED, self._retry_after(self._horizon_s)))
+            # would take, that class needs (see "Higher classes refused"). Not noted as a refusal:
+            # no class reads the lowest one's.
+            return Decision(REJECT, SHED, self._retry_after(self._horizon_s))
         if not before and place.open and place.within_budget and place.open_ttft_s + ttft_m <= remaining:
             self._dispatched(place.prefill_tokens)
             return Decision(DISPATCH, open=place.open, ttft_s=place.open_ttft_s)
