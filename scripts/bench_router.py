@@ -617,6 +617,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-logs", type=Path, help="copy the router's, upstream's and etcd's logs here")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
+    for spec in getattr(args, "peer", []):
+        name, eq, command = spec.partition("=")
+        if not eq or not name or not command.strip() or name in ("router", "baseline"):
+            ap.error(f"--peer wants NAME=CMD with a NAME other than router or baseline: {spec!r}")
     if getattr(args, "nice", None) is not None:
         os.environ["BENCH_NICE"] = str(args.nice)
     if args.cmd:

@@ -4,6 +4,8 @@ in their own sessions, so nothing else would stop them)."""
 from __future__ import annotations
 
 import runpy
+import sys
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,9 +38,6 @@ _PEER = ("{python} -c \"import http.server as h\n"
 
 
 def test_a_peer_router_is_started_on_its_port_and_ready_when_it_answers(tmp_path: Path) -> None:
-    import sys
-    import urllib.request
-
     args = SimpleNamespace(router_core=None)
     bench = BENCH.Bench(args, tmp_path)
     try:
@@ -58,3 +57,11 @@ def test_a_peer_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="peer gone did not start: no such worker"):
         bench.start_peer("gone", "sh -c 'echo no such worker {upstream} >&2; exit 3'", "http://127.0.0.1:1")
     bench.close()
+
+
+@pytest.mark.parametrize("spec", ["vllm-router", "=cmd", "router=cmd", "baseline=cmd", "x= "])
+def test_a_malformed_peer_is_refused_before_anything_starts(spec: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        BENCH.main(["--peer", spec])
+    assert exc.value.code == 2
+    assert "--peer wants NAME=CMD" in capsys.readouterr().err
