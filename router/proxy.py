@@ -581,6 +581,7 @@ class Proxy:
                       t0: float, first_token: Callable[[], None] | None = None) -> web.StreamResponse:
         """`first_token`: called once the engine's first piece (its prefill is done) is on its way
         to the client, not before: its bookkeeping is off the first token's path."""
+        ex = request[_EXCHANGE]
         out = _Relayed(status=upstream.status, reason=upstream.reason,
                        headers=forward_response_headers(upstream.raw_headers))
         out.headers[REPLICA_HEADER] = choice.replica_id
@@ -596,10 +597,9 @@ class Proxy:
                     first_at = self._clock()
                     ttft = first_at - t0
                     self._metrics.ttft_for(table.pool).observe(ttft)
-                    self._metrics.class_ttft_for(table.pool, request[_EXCHANGE].cls).observe(ttft)
+                    self._metrics.class_ttft_for(table.pool, ex.cls).observe(ttft)
             if first_token is not None:
                 first_token()
-            ex = request[_EXCHANGE]
             if first_at is not None and self.gate is not None:  # without admission: nothing to learn
                 if ex.predicted_ttft_s is not None:
                     self.gate.observe_ttft(table.pool, ex.predicted_ttft_s, first_at - ex.sent_s)
@@ -616,7 +616,7 @@ class Proxy:
                     self._metrics.upstream_errors.labels(choice.replica_id, "midstream").inc()
                     self._log_limited(f"upstream_stream_broken:{choice.replica_id}", "upstream_stream_broken",
                                       pool=table.pool, replica_id=choice.replica_id, error=exc.__class__.__name__)
-                    request[_EXCHANGE].status = "502"
+                    ex.status = "502"
                     if is_sse:
                         await out.write(_sse_error("the engine connection broke mid-stream"))
                         await out.write_eof()
@@ -634,14 +634,13 @@ class Proxy:
             if upstream.status == 200:
                 usage = _USAGE.search(sink.prev + sink.last)  # usage comes last: in the final piece or two
                 if usage is not None:
-                    ex = request[_EXCHANGE]
                     output = ex.output_tokens = int(usage.group(1))
                     if first_at is not None and output > 1:
                         ex.tpot_s = (self._clock() - first_at) / (output - 1)
                         if sink.early_at is not None and output > EARLY_TOKENS:
                             ex.early_tpot_s = (sink.early_at - first_at) / EARLY_TOKENS
         except ConnectionResetError:  # the client went away while we wrote to it
-            request[_EXCHANGE].status = "499"
+            ex.status = "499"
             self._metrics.client_disconnects.inc()
             self._log_limited("client_disconnected", "client_disconnected", level="info", pool=table.pool,
                               replica_id=choice.replica_id)
