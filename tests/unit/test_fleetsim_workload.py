@@ -163,3 +163,60 @@ def test_assign_classes_is_seeded_and_follows_the_mix():
     # Classes do not depend on the arrival times: a compressed replay keeps them.
     assert [r.klass for r in workload.assign_classes(workload.scale_arrivals(reqs, 2.0), mix, 4)] == \
         [r.klass for r in a]
+
+
+# The published formats, each as its release writes it (first rows of the files, shapes checked
+# against the releases' READMEs; the token counts here are made up). Arrivals are relative to the
+# earliest request; 0 tokens replay as 1.
+@pytest.mark.parametrize("name, body, want", [
+    ("azure_2023.csv",
+     "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+     "2023-11-16 18:15:47.1805900,396,109",
+     [(0.0, 374, 44), (0.5, 396, 109)]),
+    ("azure_2024.csv",  # DynamoLLM's week-long release: a UTC offset, 6 digits, some none
+     "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.009930+00:00,2162,5\n"
+     "2024-05-10 00:00:01+00:00,0,0\n2024-05-10 00:00:00.509930+00:00,300,12\n",
+     [(0.0, 2162, 5), (0.5, 300, 12), (0.99007, 1, 1)]),
+    ("azure_offsets.csv",  # the same instant written in two zones is the same arrival
+     "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 02:00:00+02:00,10,1\n2024-05-10T00:00:02Z,20,2\n",
+     [(0.0, 10, 1), (2.0, 20, 2)]),
+    ("BurstGPT_1.csv",  # seconds from the start; failed requests logged with 0 response tokens
+     "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,ChatGPT,472,18,490,Conversation log\n"
+     "45,GPT-4,1087,0,1087,API log\n45,ChatGPT,417.0,276,693,Conversation log\n",
+     [(0.0, 472, 18), (40.0, 1087, 1), (40.0, 417, 276)]),
+])
+def test_published_trace_formats(tmp_path, name, body, want):
+    p = tmp_path / name
+    p.write_text(body)
+    reqs = workload.load(p)
+    assert [(round(r.arrival_s, 5), r.prompt_tokens, r.output_tokens) for r in reqs] == want
+    assert [r.index for r in reqs] == list(range(len(want)))
+
+
+@pytest.mark.parametrize("body, match", [
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00+00:00,-3,5\n", r"t\.csv:2: token count '-3'"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00+00:00,3,5\nyesterday,3,5\n", r"t\.csv:3:"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00+00:00,1.5,5\n", r"t\.csv:2: token count '1.5'"),
+    ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\nnan,GPT-4,3,4,7,API log\n",
+     r"t\.csv:2: timestamp 'nan'"),
+    ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n", r"t\.csv: no requests"),
+    ("time,prompt,answer\n1,2,3\n", r"expected columns \['TIMESTAMP', 'ContextTokens', 'GeneratedTokens'\]"),
+])
+def test_published_trace_format_errors_name_the_line(tmp_path, body, match):
+    p = tmp_path / "t.csv"
+    p.write_text(body)
+    with pytest.raises(TraceError, match=match):
+        workload.load(p)
+
+
+@pytest.mark.parametrize("line, match", [
+    ('{"timestamp": 0, "input_length": -1, "output_length": 5}', r"t\.jsonl:1: token count -1"),
+    ('{"timestamp": 0, "input_length": true, "output_length": 5}', r"t\.jsonl:1: token count True"),
+    ('{"timestamp": "later", "input_length": 10, "output_length": 5}', r"t\.jsonl:1:"),
+    ('{"input_length": 10, "output_length": 5}', r"t\.jsonl:1: 'timestamp'"),
+])
+def test_mooncake_errors_name_the_line(tmp_path, line, match):
+    p = tmp_path / "t.jsonl"
+    p.write_text(line + "\n")
+    with pytest.raises(TraceError, match=match):
+        workload.load(p)

@@ -1,15 +1,27 @@
-"""Request traces for replay: the Azure LLM inference CSV (shipped sample or any file).
+"""Request traces for replay, in the formats public LLM traces are published in:
 
-A trace is a list of `TraceRequest(arrival_s, prompt_tokens, output_tokens)` with
-arrivals relative to the first request.
+- Azure LLM inference CSV, `TIMESTAMP,ContextTokens,GeneratedTokens`: the 2023 release
+  (Splitwise; naive wall-clock timestamps with 7 fractional digits) and the 2024 week-long
+  release (DynamoLLM; timestamps with a UTC offset, e.g. `2024-05-10 00:00:00.009930+00:00`);
+- BurstGPT CSV, `Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type`
+  (seconds from the trace's start; failed requests carry 0 response tokens);
+- Mooncake JSONL, `{"timestamp": ms, "input_length", "output_length", "hash_ids"}` (the
+  FAST'25 release's conversation, tool-agent and synthetic traces alike).
+
+A trace is a list of `TraceRequest(arrival_s, prompt_tokens, output_tokens)` with arrivals
+relative to the first request. Token counts of 0 (a request the trace logged without a prompt
+or an answer) replay as 1 token, so no row is dropped; a negative or non-numeric one is an error
+that names its line.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 
@@ -31,37 +43,70 @@ def shipped_sample() -> Path:
 
 
 def _parse_ts(text: str) -> float:
-    # Azure timestamps carry 7 fractional digits; datetime takes at most 6.
-    head, _, frac = text.strip().partition(".")
-    dt = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
-    return dt.timestamp() + (float("0." + frac) if frac else 0.0)
+    """Seconds since the epoch of an Azure timestamp. A timestamp without an offset (the 2023
+    release) is read as UTC, not local time, so that a replay does not depend on the machine's
+    zone (a daylight-saving change inside a trace would otherwise move its arrivals by an hour)."""
+    dt = datetime.fromisoformat(text.strip())
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
 
 
-def load_azure_csv(path: Path) -> list[TraceRequest]:
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
+
+
+def _tokens(value: object) -> int:
+    """A token count from a CSV cell or a JSON number, "374" or "374.0" alike (tables re-saved by
+    pandas carry floats); 0 replays as 1 (see the module's docstring)."""
+    x = float(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else math.nan
+    if not (math.isfinite(x) and x >= 0 and x == int(x)):
+        raise ValueError(f"token count {value!r} is not a whole number >= 0")
+    return max(1, int(x))
+
+
+def _load_csv(path: Path, columns: tuple[str, str, str], ts: Callable[[str], float]) -> list[TraceRequest]:
     out: list[TraceRequest] = []
     try:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
-            need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
-            if reader.fieldnames is None or not need <= set(reader.fieldnames):
-                raise TraceError(f"{path}: expected columns {sorted(need)}, got {reader.fieldnames}")
+            if reader.fieldnames is None or not set(columns) <= {c.strip() for c in reader.fieldnames}:
+                raise TraceError(f"{path}: expected columns {list(columns)}, got {reader.fieldnames}")
+            reader.fieldnames = [c.strip() for c in reader.fieldnames]
+            t_col, p_col, o_col = columns
             t0 = None
             for lineno, row in enumerate(reader, start=2):
                 try:
-                    t = _parse_ts(row["TIMESTAMP"])
-                    p, o = int(row["ContextTokens"]), int(row["GeneratedTokens"])
+                    t = ts(row[t_col])
+                    p, o = _tokens(row[p_col]), _tokens(row[o_col])
                 except (ValueError, TypeError) as exc:
                     raise TraceError(f"{path}:{lineno}: {exc}") from None
-                if p < 1 or o < 0:
-                    raise TraceError(f"{path}:{lineno}: token counts must be positive")
                 t0 = t if t0 is None else t0
-                out.append(TraceRequest(t - t0, p, max(1, o)))
+                out.append(TraceRequest(t - t0, p, o))
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
     if not out:
         raise TraceError(f"{path}: no requests")
-    out.sort(key=lambda r: r.arrival_s)
-    return out
+    # Arrivals relative to the earliest (a trace need not be sorted); the sort is stable, so
+    # requests logged at the same instant keep their order.
+    t_min = min(r.arrival_s for r in out)
+    return sorted((TraceRequest(r.arrival_s - t_min, r.prompt_tokens, r.output_tokens) for r in out),
+                  key=lambda r: r.arrival_s)
+
+
+def _seconds(value: str | float) -> float:
+    x = float(value)
+    if not math.isfinite(x):
+        raise ValueError(f"timestamp {value!r} is not finite")
+    return x
+
+
+def load_azure_csv(path: Path) -> list[TraceRequest]:
+    return _load_csv(path, AZURE_COLUMNS, _parse_ts)
+
+
+def load_burstgpt_csv(path: Path) -> list[TraceRequest]:
+    return _load_csv(path, BURSTGPT_COLUMNS, _seconds)
 
 
 def load_mooncake_jsonl(path: Path) -> list[TraceRequest]:
@@ -73,8 +118,8 @@ def load_mooncake_jsonl(path: Path) -> list[TraceRequest]:
                     continue
                 try:
                     row = json.loads(line)
-                    out.append(TraceRequest(float(row["timestamp"]) / 1000.0, int(row["input_length"]),
-                                            max(1, int(row["output_length"])),
+                    out.append(TraceRequest(_seconds(row["timestamp"]) / 1000.0, _tokens(row["input_length"]),
+                                            _tokens(row["output_length"]),
                                             tuple(int(h) for h in row.get("hash_ids", ()))))
                 except (ValueError, KeyError, TypeError) as exc:
                     raise TraceError(f"{path}:{lineno}: {exc}") from None
@@ -87,6 +132,19 @@ def load_mooncake_jsonl(path: Path) -> list[TraceRequest]:
                    for r in out), key=lambda r: r.arrival_s)
 
 
+def _header(path: Path) -> list[str]:
+    try:
+        with open(path, newline="") as f:
+            return [c.strip() for c in next(csv.reader([f.readline()]), [])]
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
+
+
 def load(path: Path) -> list[TraceRequest]:
-    """By extension: .jsonl is Mooncake-style, anything else the Azure CSV."""
-    return load_mooncake_jsonl(path) if path.suffix == ".jsonl" else load_azure_csv(path)
+    """By extension and header: .jsonl is Mooncake-style; a CSV with BurstGPT's columns is
+    BurstGPT; any other CSV must be Azure's (the error names the columns expected)."""
+    if path.suffix == ".jsonl":
+        return load_mooncake_jsonl(path)
+    if set(BURSTGPT_COLUMNS) <= set(_header(path)):
+        return load_burstgpt_csv(path)
+    return load_azure_csv(path)
