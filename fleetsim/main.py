@@ -124,7 +124,8 @@ class SimulateConfig(ConfigBase, AdmissionFields):
                                               "with --rate-lag-windows 10). For measuring the estimator.")
     router_spread: str = Field("rr", description="How requests reach the routers: rr (round-robin, like an L4 "
                                                  "balancer) or hash (by session key: the first prefix hash).")
-    max_requests: int | None = Field(None, ge=1, description="Replay only the first M requests of the trace.")
+    max_requests: int | None = Field(None, ge=1, description="Replay only the first M requests of the trace (its "
+                                     "first M rows: published traces are in time order; the rest is not read).")
     replica_ids: tuple[str, ...] = Field((), description="The replicas' ids, comma-separated, one per replica "
                                                         "(default replica-00, replica-01, ...): prefix affinity's "
                                                         "rendezvous homes hash them, so a comparison with a live "
@@ -350,7 +351,7 @@ def fleet_capacity_rps(profiles: Sequence[Profile], reqs: Sequence[workload.SimR
 
 def base_requests(cfg: SimulateConfig) -> list[workload.SimRequest]:
     if cfg.trace is not None:
-        reqs = workload.load(cfg.trace)
+        reqs = workload.load(cfg.trace, cfg.max_requests)
     else:
         spec = workload.SyntheticSpec(arrivals=cfg.workload, rate_rps=cfg.rate, requests=cfg.requests,
                                       burstiness=cfg.burstiness, lengths=cfg.lengths, prompt_mean=cfg.prompt_mean,

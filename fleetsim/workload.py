@@ -19,6 +19,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import islice
 from pathlib import Path
 
 from tidegate.fleet import traces
@@ -69,12 +70,14 @@ def _generic_row(path: Path, where: str, row: dict) -> tuple[float, int, int, tu
     return t, p, max(1, o), tuple(hashes), klass, prio
 
 
-def load_generic(path: Path) -> list[SimRequest]:
+def load_generic(path: Path, limit: int | None = None) -> list[SimRequest]:
     rows: list[tuple[float, int, int, tuple, str, int]] = []
     try:
         with open(path, newline="") as f:
             if path.suffix == ".jsonl":
                 for lineno, line in enumerate(f, start=1):
+                    if limit is not None and len(rows) >= limit:
+                        break
                     if line.strip():
                         try:
                             obj = json.loads(line)
@@ -82,7 +85,7 @@ def load_generic(path: Path) -> list[SimRequest]:
                             raise TraceError(f"{path}:{lineno}: {exc}") from None
                         rows.append(_generic_row(path, str(lineno), obj))
             else:
-                for lineno, row in enumerate(csv.DictReader(f), start=2):
+                for lineno, row in enumerate(islice(csv.DictReader(f), limit), start=2):
                     rows.append(_generic_row(path, str(lineno), row))
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
@@ -116,14 +119,15 @@ def from_trace(reqs: Sequence[TraceRequest], hash_block_tokens: int = PREFIX_BLO
             for i, r in enumerate(reqs)]
 
 
-def load(path: Path) -> list[SimRequest]:
+def load(path: Path, limit: int | None = None) -> list[SimRequest]:
     """Any supported trace file: generic CSV/JSONL (has an ``arrival_s`` column), Mooncake JSONL,
-    Azure CSV."""
+    Azure or BurstGPT CSV (tidegate.fleet.traces). `limit`: only the file's first `limit` requests
+    are read (traces.load)."""
     path = Path(path)
     if _is_generic(path):
-        return load_generic(path)
+        return load_generic(path, limit)
     block = MOONCAKE_BLOCK_TOKENS if path.suffix == ".jsonl" else 16
-    return from_trace(traces.load(path), block)
+    return from_trace(traces.load(path, limit), block)
 
 
 def as_trace(reqs: Sequence[SimRequest]) -> list[TraceRequest]:

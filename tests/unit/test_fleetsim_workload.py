@@ -220,3 +220,22 @@ def test_mooncake_errors_name_the_line(tmp_path, line, match):
     p.write_text(line + "\n")
     with pytest.raises(TraceError, match=match):
         workload.load(p)
+
+
+@pytest.mark.parametrize("name, head, row", [
+    ("az.csv", "TIMESTAMP,ContextTokens,GeneratedTokens", "2024-05-10 00:00:0{i}+00:00,1{i},2"),
+    ("bg.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type", "{i},GPT-4,1{i},2,3,API log"),
+    ("mc.jsonl", None, '{{"timestamp": {ms}, "input_length": 1{i}, "output_length": 2, "hash_ids": [{i}]}}'),
+    ("gen.csv", "arrival_s,prompt_tokens,output_tokens", "{i},1{i},2"),
+    ("gen.jsonl", None, '{{"arrival_s": {i}, "prompt_tokens": 1{i}, "output_tokens": 2}}'),
+])
+def test_a_limit_reads_only_the_first_rows(tmp_path, name, head, row):
+    # A malformed row past the limit is never read: the week-long traces are not parsed whole to
+    # replay their start (--max-requests).
+    lines = ([head] if head else []) + [row.format(i=i, ms=1000 * i) for i in range(4)] + ["garbage"]
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n")
+    reqs = workload.load(p, 3)
+    assert [(r.arrival_s, r.prompt_tokens) for r in reqs] == [(0.0, 10), (1.0, 11), (2.0, 12)]
+    with pytest.raises(TraceError, match=rf"{name}:{len(lines)}:"):
+        workload.load(p)

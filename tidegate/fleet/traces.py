@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
+from itertools import islice
 from pathlib import Path
 
 
@@ -65,7 +66,8 @@ def _tokens(value: object) -> int:
     return max(1, int(x))
 
 
-def _load_csv(path: Path, columns: tuple[str, str, str], ts: Callable[[str], float]) -> list[TraceRequest]:
+def _load_csv(path: Path, columns: tuple[str, str, str], ts: Callable[[str], float],
+              limit: int | None = None) -> list[TraceRequest]:
     out: list[TraceRequest] = []
     try:
         with open(path, newline="") as f:
@@ -75,7 +77,7 @@ def _load_csv(path: Path, columns: tuple[str, str, str], ts: Callable[[str], flo
             reader.fieldnames = [c.strip() for c in reader.fieldnames]
             t_col, p_col, o_col = columns
             t0 = None
-            for lineno, row in enumerate(reader, start=2):
+            for lineno, row in enumerate(islice(reader, limit), start=2):
                 try:
                     t = ts(row[t_col])
                     p, o = _tokens(row[p_col]), _tokens(row[o_col])
@@ -101,19 +103,21 @@ def _seconds(value: str | float) -> float:
     return x
 
 
-def load_azure_csv(path: Path) -> list[TraceRequest]:
-    return _load_csv(path, AZURE_COLUMNS, _parse_ts)
+def load_azure_csv(path: Path, limit: int | None = None) -> list[TraceRequest]:
+    return _load_csv(path, AZURE_COLUMNS, _parse_ts, limit)
 
 
-def load_burstgpt_csv(path: Path) -> list[TraceRequest]:
-    return _load_csv(path, BURSTGPT_COLUMNS, _seconds)
+def load_burstgpt_csv(path: Path, limit: int | None = None) -> list[TraceRequest]:
+    return _load_csv(path, BURSTGPT_COLUMNS, _seconds, limit)
 
 
-def load_mooncake_jsonl(path: Path) -> list[TraceRequest]:
+def load_mooncake_jsonl(path: Path, limit: int | None = None) -> list[TraceRequest]:
     out: list[TraceRequest] = []
     try:
         with open(path) as f:
             for lineno, line in enumerate(f, start=1):
+                if limit is not None and len(out) >= limit:
+                    break
                 if not line.strip():
                     continue
                 try:
@@ -140,11 +144,15 @@ def _header(path: Path) -> list[str]:
         raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
 
 
-def load(path: Path) -> list[TraceRequest]:
+def load(path: Path, limit: int | None = None) -> list[TraceRequest]:
     """By extension and header: .jsonl is Mooncake-style; a CSV with BurstGPT's columns is
-    BurstGPT; any other CSV must be Azure's (the error names the columns expected)."""
+    BurstGPT; any other CSV must be Azure's (the error names the columns expected).
+
+    `limit`: read only the file's first `limit` requests. The published traces are in time order,
+    so these are its earliest; the week-long Azure files hold tens of millions of rows, which
+    read whole would take minutes and gigabytes to replay a few thousand."""
     if path.suffix == ".jsonl":
-        return load_mooncake_jsonl(path)
+        return load_mooncake_jsonl(path, limit)
     if set(BURSTGPT_COLUMNS) <= set(_header(path)):
-        return load_burstgpt_csv(path)
-    return load_azure_csv(path)
+        return load_burstgpt_csv(path, limit)
+    return load_azure_csv(path, limit)
