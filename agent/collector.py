@@ -63,8 +63,10 @@ class Collector:
         wallclock: Clock = time.time,
         metrics: AgentMetrics | None = None,
         dialect: str = "auto",
+        max_num_seqs: int = 0,
     ) -> None:
         self._base = engine_url.rstrip("/")
+        self._max_num_seqs = max_num_seqs
         self._dialect = dialect
         self._session = session
         self._model = model
@@ -146,6 +148,8 @@ class Collector:
     def _fill_engine(self, engine: telemetry_pb2.EngineStats, s: EngineSample, now: float) -> None:
         engine.num_requests_running = s.running
         engine.num_requests_waiting = s.waiting
+        # The operator's figure first: it is the engine's configuration, where a page's is a report of it.
+        engine.max_num_seqs = self._max_num_seqs or s.max_running
         usage = s.kv_usage if s.kv_usage is not None else 0.0
         engine.kv_cache_usage = usage
         engine.num_gpu_blocks = s.num_gpu_blocks

@@ -68,6 +68,13 @@ class AgentConfig(ConfigBase):
         "auto", description="Metric names to read from the engine's /metrics: auto (detected from the "
                             "prefixes vllm:, sglang:, tgi_), vllm, sglang or tgi.")
     metrics_port: int = Field(0, ge=0, lt=65536, description="Port of the agent's own /metrics (0 = off).")
+    engine_max_num_seqs: int = Field(
+        0, ge=0, le=1_000_000,
+        description="The engine's limit on sequences running at once (vLLM --max-num-seqs; SGLang "
+                    "--max-running-requests). vLLM does not export it, so say it here; the control plane "
+                    "then bounds the sequences the pool's admission budget lets in to what the seats and "
+                    "the engine's own queue serve within the TTFT target. 0 = the engine's page (SGLang), "
+                    "else unknown (no bound).")
     rate_prior: tuple[float, ...] = Field(
         (), description="Optional seed of the control plane's rate fit, from a known profile: "
                         "PREFILL_TOKENS_PER_S,DECODE_STEP_BASE_MS,DECODE_STEP_PER_SEQ_MS (all > 0). Without it "
@@ -205,7 +212,7 @@ async def serve(cfg: AgentConfig, stop: asyncio.Event | None = None, *, token: s
             collector = Collector(
                 cfg.engine_url, session, model=cfg.model, gpu_reader=gpu_reader, gpu_indices=cfg.gpu_indices,
                 scrape_timeout_s=cfg.scrape_timeout_s, window_s=cfg.latency_window_s, metrics=metrics,
-                dialect=cfg.metrics_dialect,
+                dialect=cfg.metrics_dialect, max_num_seqs=cfg.engine_max_num_seqs,
             )
             hello = HelloInfo(
                 replica_id=cfg.replica_id, pool=cfg.model, endpoint=cfg.endpoint, region=cfg.region,

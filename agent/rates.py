@@ -30,6 +30,7 @@ _WORK_FIELDS = (
     ("busy_seconds_total", "busy_s"),
     ("prefill_time_sum_s", "prefill_time_sum_s"),
     ("prefill_time_count", "prefill_time_count"),
+    ("finished_total", "finished_requests"),
 )
 
 

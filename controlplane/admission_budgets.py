@@ -48,7 +48,9 @@ def capacities(entries: Sequence[records_pb2.RouteEntry], fleet: FleetState) -> 
         out.append(ReplicaCapacity(
             e.replica_id, e.state in ROUTABLE_STATES and e.weight > 0, e.prefill_tokens_per_s,
             e.decode_step_base_ms, e.decode_step_per_seq_ms, float(e.kv_capacity_tokens),
-            rec.feedback.multiplier if rec is not None else 1.0))
+            rec.feedback.multiplier if rec is not None else 1.0,
+            seats=float(rec.stats.max_num_seqs) if rec is not None else 0.0,
+            completions_per_s=rec.completions_per_s if rec is not None else 0.0))
     return out
 
 

@@ -130,8 +130,9 @@ class ControlPlaneConfig(config.ConfigBase, config.EtcdFields):
     admission_budgets: bool = Field(True, description="Publish each pool's admission budget and every live "
                                     "router's share of it (/tidegate/v1/admission/<pool>; docs/OPERATIONS.md).")
     admission_class_fraction: str = Field(
-        "critical=1,standard=0.9,sheddable=0.5", description="Fraction of a router's budget share each class may "
-        "fill, CLASS=FRACTION comma-separated (lower classes stop first, leaving room for higher ones).")
+        "critical=1,standard=1,sheddable=0.5", description="Fraction of a router's budget share each class may "
+        "fill, CLASS=FRACTION comma-separated (lower classes stop first, leaving room for higher ones; over the "
+        "share a critical request waits, a lower one is shed).")
     outlier_backoff_s: float = Field(30.0, gt=0, description="First outlier ejection's length; doubles per "
                                      "ejection in a row, up to 10x.")
     warmup_s: float = Field(5.0, ge=0, description="A new leader publishes nothing for up to this long while "

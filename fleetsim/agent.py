@@ -136,6 +136,8 @@ class SimAgent:
             generation_tokens_total=s.generation_tokens_total,
             preemptions_total=s.preemptions_total,
             window_s=self._window_s,
+            # The operator's --engine-max-num-seqs: the simulated agent knows its engine's profile.
+            max_num_seqs=engine.profile.max_num_seqs,
             ttft=_latency(self._ttft_w.summary(now_s)),
             itl=_latency(self._itl_w.summary(now_s)),
         )
@@ -143,7 +145,8 @@ class SimAgent:
             engine="vllm", prompt_tokens_total=s.prompt_tokens_total, generation_tokens_total=s.generation_tokens_total,
             steps_total=s.steps_total, step_tokens_total=s.step_tokens_total, itl_sum_s=s.itl_sum_s,
             itl_count=s.itl_count, prefix_cache_hits_total=s.prefix_cache_hits_total,
-            prefill_time_sum_s=s.prefill_time_sum_s, prefill_time_count=s.prefill_time_count)
+            prefill_time_sum_s=s.prefill_time_sum_s, prefill_time_count=s.prefill_time_count,
+            finished_total=s.requests_finished_total)
         if self._prev is not None:
             eng.work.CopyFrom(telemetry_pb2.EngineWork(**work_deltas(self._prev[1], sample, now_s - self._prev[0])))
         self._prev = (now_s, sample)

@@ -27,6 +27,10 @@ For the control plane's rate estimator (cumulative; the collector turns them int
   recent SGLang only)
 - how long prefills span: vllm:request_prefill_time_seconds _sum/_count (V1 and V0: first token
   minus first scheduled, per finished request) / none in SGLang
+- requests finished: the E2E histogram's _count (every dialect)
+
+The engine's limit on running sequences, where it exports one: sglang:max_running_requests
+(older SGLang releases); vLLM does not export max_num_seqs (the agent's --engine-max-num-seqs).
 
 TGI exports far less, and only per-request histograms (metrics-exporter-prometheus, no `_total`):
 
@@ -99,6 +103,8 @@ class EngineSample:
     busy_seconds_total: float | None = None
     prefill_time_sum_s: float | None = None   # summed prefill durations of finished requests
     prefill_time_count: float | None = None
+    finished_total: float | None = None       # requests finished: the E2E histogram's _count
+    max_running: int = 0                      # the engine's limit on running sequences; 0 = not exported
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -315,6 +321,8 @@ def parse_metrics(text: str, model: str | None = None, dialect: str = "auto") ->
     itl_sum, itl_count = _hist_sum_count(idx, names.work_itl)
     step_tokens, steps = _hist_sum_count(idx, names.iterations)
     prefill_sum, prefill_count = _hist_sum_count(idx, names.prefill_time)
+    _, finished = _hist_sum_count(idx, names.e2e)
+    seats = _sum(idx, ("sglang:max_running_requests",)) if engine == "sglang" else None
     return EngineSample(
         engine=engine,
         running=int(running or 0),
@@ -336,4 +344,6 @@ def parse_metrics(text: str, model: str | None = None, dialect: str = "auto") ->
         busy_seconds_total=_sum(idx, names.busy),
         prefill_time_sum_s=prefill_sum,
         prefill_time_count=prefill_count,
+        finished_total=finished,
+        max_running=int(seats) if seats is not None and math.isfinite(seats) and seats >= 1 else 0,
     )

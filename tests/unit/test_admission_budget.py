@@ -22,8 +22,8 @@ CFG = BudgetConfig(floor_fraction=0.1)
 
 
 def rep(rid: str = "a", routable: bool = True, tps: float = 10000, base: float = 20, per: float = 0.5,
-        kv: float = 100000, m: float = 1.0) -> ReplicaCapacity:
-    return ReplicaCapacity(rid, routable, tps, base, per, kv, m)
+        kv: float = 100000, m: float = 1.0, seats: float = 0.0, done: float = 0.0) -> ReplicaCapacity:
+    return ReplicaCapacity(rid, routable, tps, base, per, kv, m, seats=seats, completions_per_s=done)
 
 
 TOTALS = [
@@ -36,6 +36,15 @@ TOTALS = [
     ("unknown-rates", [rep("a"), rep("b", tps=0)], 2.0, 0.1, None),
     ("no-slo", [rep()], 0.0, 0.1, None),
     ("no-routable", [rep(routable=False)], 2.0, 0.1, None),
+    # Seats: the engine's max_num_seqs plus the completions of one TTFT target (its own queue's
+    # drain); the decode step's bound where that is lower; unknown or garbage seats, no bound.
+    ("seats-and-their-queue", [rep(per=0.1, seats=256, done=30)], 2.0, 0.1, (20000, 100000, 316)),
+    ("seats-no-completions-yet", [rep(per=0.1, seats=256)], 2.0, 0.1, (20000, 100000, 256)),
+    ("seats-over-the-tpot-bound", [rep(seats=256, done=30)], 2.0, 0.1, (20000, 100000, 160)),
+    ("seats-unknown", [rep(per=0.1)], 2.0, 0.1, (20000, 100000, 800)),
+    ("seats-garbage", [rep(per=0.1, seats=math.nan, done=math.inf)], 2.0, 0.1, (20000, 100000, 800)),
+    ("completions-garbage", [rep(per=0.1, seats=256, done=-5)], 2.0, 0.1, (20000, 100000, 256)),
+    ("seats-scaled-by-feedback", [rep(per=0.1, seats=256, done=30, m=0.5)], 2.0, 0.1, (10000, 50000, 158)),
 ]
 
 
@@ -97,7 +106,8 @@ def test_split_properties(total: float, wants: dict[str, float], floor: float) -
 
 
 def test_router_budget_enforces_class_fractions() -> None:
-    b = RouterBudget()
+    # An operator's fractions (--admission-class-fraction), each class stopping at its own.
+    b = RouterBudget({"critical": 1.0, "standard": 0.9, "sheddable": 0.5})
     b.set_share(Tokens(1000, 10000, 10))
     q = Tokens.request(100, 100)                           # (100, 150, 1)
     holds = [b.acquire_tokens(q) for _ in range(4)]        # 400 prefill, 600 kv, 4 seqs
@@ -183,3 +193,18 @@ def test_ledger_never_exceeds_share_except_the_first_and_returns_to_zero(ops: li
     for h in holds:
         h.release()
     assert b.held.values() == pytest.approx((0, 0, 0))
+
+
+def test_default_fractions_stop_only_sheddable_early() -> None:
+    # Standard fills the share as critical does: room for critical is its waiting over the share
+    # (admission rule 4), not a part of the share held back.
+    b = RouterBudget()
+    b.set_share(Tokens(1000, 10000, 10))
+    q = Tokens.request(100, 100)
+    holds = [b.acquire_tokens(q) for _ in range(9)]
+    assert b.allows_tokens("standard", q) and b.allows_tokens("critical", q)
+    assert not b.allows_tokens("sheddable", q)
+    holds.append(b.acquire_tokens(q))
+    assert not b.allows_tokens("standard", q) and not b.allows_tokens("critical", q)
+    for h in holds:
+        h.release()

@@ -95,6 +95,10 @@ def test_overlay_has_the_parts(rendered: list[dict[str, Any]]) -> None:
     assert engine[0]["image"].startswith("vllm/vllm-openai:")
     assert engine[0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert all(o["metadata"].get("namespace") == "tidegate" for o in rendered if o["kind"] != "Namespace")
+    # vLLM does not export its seats, so the sidecar is told them: the same figure as the engine's.
+    flags = [{a.split("=", 1)[0]: a.split("=", 1)[1] for a in c["args"] if a.startswith("--") and "=" in a}
+             for c in engine]
+    assert flags[0]["--max-num-seqs"] == flags[1]["--engine-max-num-seqs"]
 
 
 def _schema_errors(objs: list[dict[str, Any]]) -> list[str]:

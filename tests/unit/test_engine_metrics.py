@@ -134,7 +134,7 @@ INF = math.inf
                 ttft=((0.1, 4.0), (0.5, 9.0), (INF, 10.0)),
                 itl=((0.01, 20.0), (0.05, 50.0), (INF, 50.0)),
                 e2e=((1.0, 2.0), (5.0, 8.0), (INF, 8.0)),
-                itl_sum_s=1.0, itl_count=50.0,
+                itl_sum_s=1.0, itl_count=50.0, finished_total=8.0,
             ),
             id="vllm-v1",
         ),
@@ -265,3 +265,15 @@ def test_bad_cache_config_labels_mean_no_capacity() -> None:
     text = 'vllm:num_requests_running 1\nvllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1\n'
     s = parse_metrics(text)
     assert (s.num_gpu_blocks, s.block_size, s.has_kv_capacity) == (0, 0, False)
+
+
+@pytest.mark.parametrize("value, want", [("48", 48), ("0", 0), ("NaN", 0), ("-3", 0)])
+def test_sglang_max_running_requests_is_the_engines_seats(value: str, want: int) -> None:
+    # Older SGLang releases export their scheduler's limit; garbage reads as not exported.
+    page = SGLANG + f"# TYPE sglang:max_running_requests gauge\nsglang:max_running_requests{{name=\"m\"}} {value}\n"
+    assert parse_metrics(page).max_running == want
+    assert parse_metrics(SGLANG).max_running == 0
+
+
+def test_vllm_does_not_export_its_seats() -> None:
+    assert parse_metrics(VLLM_V1, "llama-8b").max_running == 0

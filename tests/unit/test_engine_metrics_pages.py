@@ -122,7 +122,7 @@ def test_tgi_work_has_token_counters_but_no_step_or_decode_time() -> None:
     prev = parse_metrics(text)
     now = parse_metrics(text.replace("tgi_request_input_length_sum 39000", "tgi_request_input_length_sum 41000"))
     work = work_deltas(prev, now, 2.0)
-    assert work == {"interval_s": 2.0, "prompt_tokens": 2000.0, "generation_tokens": 0.0}
+    assert work == {"interval_s": 2.0, "prompt_tokens": 2000.0, "generation_tokens": 0.0, "finished_requests": 0.0}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

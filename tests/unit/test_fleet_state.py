@@ -116,6 +116,44 @@ def test_preemption_rate_and_counter_reset(fleet: FleetState, clock: FakeClock) 
     assert fleet.view("r1").preemptions_per_s == 0.0  # type: ignore[union-attr]
 
 
+def work(finished: float, interval_s: float = 1.0) -> telemetry_pb2.EngineWork:
+    return telemetry_pb2.EngineWork(interval_s=interval_s, finished_requests=finished)
+
+
+def test_completion_rate_is_smoothed_and_garbage_leaves_it(fleet: FleetState, clock: FakeClock) -> None:
+    rec = fleet.get("r1")
+    assert rec is None
+    for _ in range(40):   # a steady 20 completions per second, one report a second
+        fleet.on_report(hello(), report(max_num_seqs=256, work=work(20.0)))
+        clock.t += 1
+    rec = fleet.get("r1")
+    assert rec is not None and rec.completions_per_s == pytest.approx(20.0, rel=1e-3)
+    assert rec.stats.max_num_seqs == 256
+    fleet.on_report(hello(), report(work=work(math.nan)))
+    fleet.on_report(hello(), report(work=work(5.0, interval_s=0.0)))
+    fleet.on_report(hello(), report(work=work(-1.0)))
+    assert rec.completions_per_s == pytest.approx(20.0, rel=1e-3)
+    fleet.on_report(hello(), report(work=work(120.0, interval_s=2.0)))   # a step up to 60/s: a part of it
+    assert 20.0 < rec.completions_per_s < 60.0
+    for _ in range(5):    # within a few of its horizons the step has shown
+        fleet.on_report(hello(), report(work=work(60.0)))
+    assert rec.completions_per_s > 0.8 * 60.0
+
+
+def test_budget_capacity_carries_the_engines_seats_and_drain(fleet: FleetState, clock: FakeClock) -> None:
+    from tidegate.controlplane.admission_budgets import capacities
+
+    for _ in range(30):
+        fleet.on_report(hello(), report(max_num_seqs=64, work=work(10.0)))
+        clock.t += 1
+    entry = records_pb2.RouteEntry(replica_id="r1", state=records_pb2.REPLICA_STATE_READY, weight=1.0)
+    (cap,) = capacities([entry], fleet)
+    assert cap.seats == 64 and cap.completions_per_s == pytest.approx(10.0, rel=0.01)
+    gone = records_pb2.RouteEntry(replica_id="gone", state=records_pb2.REPLICA_STATE_READY, weight=1.0)
+    (unknown,) = capacities([gone], fleet)
+    assert (unknown.seats, unknown.completions_per_s) == (0.0, 0.0)
+
+
 GARBAGE = [
     ("negative-counts", dict(num_requests_running=-3, num_requests_waiting=-1), ["running -3 < 0", "waiting -1 < 0"]),
     ("nan-usage", dict(kv_capacity_tokens=0, kv_free_tokens=0, has_kv_capacity=False, kv_cache_usage=math.nan),
@@ -127,6 +165,7 @@ GARBAGE = [
     ("free-above-capacity", dict(kv_free_tokens=5000), ["kv_free_tokens 5000 > capacity 1000"]),
     ("free-negative", dict(kv_free_tokens=-5), ["kv_free_tokens -5 < 0"]),
     ("inf-latency", dict(ttft=telemetry_pb2.LatencySummary(p95_ms=math.inf)), ["ttft_p95_ms not finite"]),
+    ("negative-seats", dict(max_num_seqs=-4), ["max_num_seqs -4 < 0"]),
 ]
 
 

@@ -22,8 +22,15 @@ Pool total, over the routable replicas with fitted rates (each scaled by its SLO
 multiplier, tidegate.policy.feedback):
 
     prefill_tokens = sum prefill_tokens_per_s * ttft_target          (queued prefill drains in time)
-    sequences      = sum (tpot_target - step_base) / step_per_seq     (decode step within TPOT)
+    sequences      = sum min((tpot_target - step_base) / step_per_seq,   (decode step within TPOT)
+                             seats + completions_per_s * ttft_target)    (seats, where known)
     kv_tokens      = sum kv_capacity_tokens                           (KV bound)
+
+`seats` is the engine's max_num_seqs (reported by the agent: its --engine-max-num-seqs, or
+SGLang's max_running_requests); sequences past it wait in the engine's own queue, where class
+order is lost, and leave it at the engine's measured completion rate, so more than a TTFT
+target's worth of completions past the seats would wait there past their deadline. Unknown
+seats: no such bound.
 
 A pool without an SLO, or with a routable replica whose rates are unknown, has no total
 (None): routers then admit without a budget. Every figure is finite and >= 0.
@@ -36,8 +43,9 @@ holds) take part, so a router whose lease expired gives its share back on the ne
 
 Enforcement (`RouterBudget.allows_tokens`, asked by the router's admission queue as part of its dispatch decision,
 tidegate.policy.admission): a request of class c is dispatched while, on every unit,
-held + request <= share * class_fraction[c] (critical 1.0, standard 0.9, sheddable 0.5 by
-default: the lower classes stop first and leave room for the higher). A router holding
+held + request <= share * class_fraction[c] (critical 1.0, standard 1.0, sheddable 0.5 by
+default: the lowest class stops first and leaves room for the others; a critical request over
+the share waits for room, a lower one is shed: tidegate.policy.admission, rule 4). A router holding
 nothing for the pool admits one request whatever its size, so a request larger than a share
 cannot starve.
 """
@@ -54,7 +62,11 @@ from tidegate.policy.predict import held_kv
 # Sheddable 0.5, not 0.7: at 0.7 sheddable requests took the share standard ones needed (Azure
 # conversation at 1.5x SLO capacity, 16 replicas: standard 80.9 % -> 88.9 % at 0.5, goodput
 # 361 -> 363 req/s, critical 100 % both; docs/BENCHMARKS.md, "Admission and overload").
-DEFAULT_CLASS_FRACTION = {CRITICAL: 1.0, STANDARD: 0.9, SHEDDABLE: 0.5}
+# Standard 1.0, not 0.9 (since the sequences unit counts the engines' seats): what keeps room for
+# critical is that a critical request over the share waits for it while a standard one is shed,
+# and that held critical requests go first; a tenth of the seats held back besides cost
+# conversation's standard class 2-5 points at 1.5x capacity (docs/BENCHMARKS.md, "Seats").
+DEFAULT_CLASS_FRACTION = {CRITICAL: 1.0, STANDARD: 1.0, SHEDDABLE: 0.5}
 _MAX = 1e15   # any figure past this is garbage; clamp so sums stay finite
 
 
@@ -120,6 +132,8 @@ class ReplicaCapacity:
     decode_step_per_seq_ms: float = 0.0
     kv_capacity_tokens: float = 0.0
     multiplier: float = 1.0                # SLO feedback
+    seats: float = 0.0                     # the engine's max_num_seqs; 0 = unknown
+    completions_per_s: float = 0.0         # requests it finishes per second, measured
 
 
 def replica_total(r: ReplicaCapacity, ttft_s: float, tpot_s: float) -> Tokens | None:
@@ -128,6 +142,12 @@ def replica_total(r: ReplicaCapacity, ttft_s: float, tpot_s: float) -> Tokens | 
         return None
     m = r.multiplier if math.isfinite(r.multiplier) and 0 < r.multiplier <= 1 else 1.0
     seqs = max(0.0, (tpot_s * 1000.0 - max(0.0, r.decode_step_base_ms)) / r.decode_step_per_seq_ms)
+    if _pos(r.seats):
+        # The engine runs at most `seats` sequences; the rest wait in its own queue, first come
+        # first served whatever their class, and a seat frees at each completion: beyond what the
+        # completions of one TTFT target seat, a request waits there past its target.
+        drain = r.completions_per_s if _pos(r.completions_per_s) else 0.0
+        seqs = min(seqs, r.seats + drain * ttft_s)
     kv = r.kv_capacity_tokens if _pos(r.kv_capacity_tokens) else 0.0
     return Tokens(r.prefill_tokens_per_s * ttft_s, kv, seqs).clean().scaled(m)
 

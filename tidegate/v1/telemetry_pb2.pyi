@@ -72,7 +72,7 @@ class LatencySummary(_message.Message):
     def __init__(self, p50_ms: _Optional[float] = ..., p95_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., count: _Optional[float] = ...) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("healthy", "error", "num_requests_running", "num_requests_waiting", "kv_cache_usage", "num_gpu_blocks", "block_size", "kv_capacity_tokens", "kv_free_tokens", "prompt_tokens_total", "generation_tokens_total", "preemptions_total", "ttft", "itl", "e2e", "window_s", "prompt_tokens_per_s", "generation_tokens_per_s", "has_kv_capacity", "work")
+    __slots__ = ("healthy", "error", "num_requests_running", "num_requests_waiting", "kv_cache_usage", "num_gpu_blocks", "block_size", "kv_capacity_tokens", "kv_free_tokens", "prompt_tokens_total", "generation_tokens_total", "preemptions_total", "ttft", "itl", "e2e", "window_s", "prompt_tokens_per_s", "generation_tokens_per_s", "has_kv_capacity", "work", "max_num_seqs")
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     NUM_REQUESTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class EngineStats(_message.Message):
     GENERATION_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     HAS_KV_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     WORK_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     healthy: bool
     error: str
     num_requests_running: int
@@ -113,10 +114,11 @@ class EngineStats(_message.Message):
     generation_tokens_per_s: float
     has_kv_capacity: bool
     work: EngineWork
-    def __init__(self, healthy: _Optional[bool] = ..., error: _Optional[str] = ..., num_requests_running: _Optional[int] = ..., num_requests_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_gpu_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[float] = ..., generation_tokens_total: _Optional[float] = ..., preemptions_total: _Optional[float] = ..., ttft: _Optional[_Union[LatencySummary, _Mapping]] = ..., itl: _Optional[_Union[LatencySummary, _Mapping]] = ..., e2e: _Optional[_Union[LatencySummary, _Mapping]] = ..., window_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., has_kv_capacity: _Optional[bool] = ..., work: _Optional[_Union[EngineWork, _Mapping]] = ...) -> None: ...
+    max_num_seqs: int
+    def __init__(self, healthy: _Optional[bool] = ..., error: _Optional[str] = ..., num_requests_running: _Optional[int] = ..., num_requests_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_gpu_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[float] = ..., generation_tokens_total: _Optional[float] = ..., preemptions_total: _Optional[float] = ..., ttft: _Optional[_Union[LatencySummary, _Mapping]] = ..., itl: _Optional[_Union[LatencySummary, _Mapping]] = ..., e2e: _Optional[_Union[LatencySummary, _Mapping]] = ..., window_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., has_kv_capacity: _Optional[bool] = ..., work: _Optional[_Union[EngineWork, _Mapping]] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
 
 class EngineWork(_message.Message):
-    __slots__ = ("interval_s", "steps", "step_tokens", "prompt_tokens", "cached_prompt_tokens", "generation_tokens", "itl_sum_s", "itl_count", "busy_s", "prefill_time_sum_s", "prefill_time_count")
+    __slots__ = ("interval_s", "steps", "step_tokens", "prompt_tokens", "cached_prompt_tokens", "generation_tokens", "itl_sum_s", "itl_count", "busy_s", "prefill_time_sum_s", "prefill_time_count", "finished_requests")
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     STEP_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +130,7 @@ class EngineWork(_message.Message):
     BUSY_S_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TIME_SUM_S_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TIME_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     interval_s: float
     steps: float
     step_tokens: float
@@ -139,7 +142,8 @@ class EngineWork(_message.Message):
     busy_s: float
     prefill_time_sum_s: float
     prefill_time_count: float
-    def __init__(self, interval_s: _Optional[float] = ..., steps: _Optional[float] = ..., step_tokens: _Optional[float] = ..., prompt_tokens: _Optional[float] = ..., cached_prompt_tokens: _Optional[float] = ..., generation_tokens: _Optional[float] = ..., itl_sum_s: _Optional[float] = ..., itl_count: _Optional[float] = ..., busy_s: _Optional[float] = ..., prefill_time_sum_s: _Optional[float] = ..., prefill_time_count: _Optional[float] = ...) -> None: ...
+    finished_requests: float
+    def __init__(self, interval_s: _Optional[float] = ..., steps: _Optional[float] = ..., step_tokens: _Optional[float] = ..., prompt_tokens: _Optional[float] = ..., cached_prompt_tokens: _Optional[float] = ..., generation_tokens: _Optional[float] = ..., itl_sum_s: _Optional[float] = ..., itl_count: _Optional[float] = ..., busy_s: _Optional[float] = ..., prefill_time_sum_s: _Optional[float] = ..., prefill_time_count: _Optional[float] = ..., finished_requests: _Optional[float] = ...) -> None: ...
 
 class GpuStats(_message.Message):
     __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_used_bytes", "utilization_pct", "ecc_uncorrected_volatile", "ecc_corrected_volatile", "retired_pages_pending", "lost", "error", "temperature_c", "power_w", "xid_events")
