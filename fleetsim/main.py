@@ -73,7 +73,8 @@ def _split(v: Any) -> tuple[str, ...]:
 
 
 class SimulateConfig(ConfigBase, AdmissionFields):
-    trace: Path | None = Field(None, description="Trace file: Azure CSV, Mooncake JSONL, or generic CSV/JSONL "
+    trace: Path | None = Field(None, description="Trace file: Azure CSV (2023 or 2024 releases), BurstGPT CSV, "
+                                                 "Mooncake JSONL, or generic CSV/JSONL "
                                                  "(arrival_s, prompt_tokens, output_tokens[, prefix_hashes, "
                                                  "priority]). Without it a synthetic --workload runs.")
     workload: str = Field("poisson", description="Synthetic arrivals when no --trace: poisson or gamma (bursty).")
