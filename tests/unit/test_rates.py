@@ -96,7 +96,8 @@ def test_garbage_windows_are_rejected(window: WorkWindow) -> None:
 
 def test_from_proto_round_trip() -> None:
     w = WorkWindow(interval_s=1, steps=2, step_tokens=3, prompt_tokens=4, cached_prompt_tokens=5,
-                   generation_tokens=6, itl_sum_s=7, itl_count=8, busy_s=9)
+                   generation_tokens=6, itl_sum_s=7, itl_count=8, busy_s=9, prefill_time_sum_s=10,
+                   prefill_time_count=11, finished_requests=12)
     assert WorkWindow.from_proto(telemetry_pb2.EngineWork(**w.__dict__)) == w
 
 

@@ -173,6 +173,7 @@ class WorkWindow:
     busy_s: float = 0.0
     prefill_time_sum_s: float = 0.0   # how long finished requests' prefills spanned, summed
     prefill_time_count: float = 0.0
+    finished_requests: float = 0.0    # not a rate input: the admission budget's seat drain reads it
 
     @classmethod
     def from_proto(cls, w) -> WorkWindow:
@@ -180,7 +181,8 @@ class WorkWindow:
         return cls(interval_s=w.interval_s, steps=w.steps, step_tokens=w.step_tokens, prompt_tokens=w.prompt_tokens,
                    cached_prompt_tokens=w.cached_prompt_tokens, generation_tokens=w.generation_tokens,
                    itl_sum_s=w.itl_sum_s, itl_count=w.itl_count, busy_s=w.busy_s,
-                   prefill_time_sum_s=w.prefill_time_sum_s, prefill_time_count=w.prefill_time_count)
+                   prefill_time_sum_s=w.prefill_time_sum_s, prefill_time_count=w.prefill_time_count,
+                   finished_requests=w.finished_requests)
 
     def __add__(self, other: WorkWindow) -> WorkWindow:
         """Two consecutive windows as one: every field is a count or a duration, so they add."""
