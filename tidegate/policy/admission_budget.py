@@ -65,7 +65,7 @@ from tidegate.policy.predict import held_kv
 # Standard 1.0, not 0.9 (since the sequences unit counts the engines' seats): what keeps room for
 # critical is that a critical request over the share waits for it while a standard one is shed,
 # and that held critical requests go first; a tenth of the seats held back besides cost
-# conversation's standard class 2-5 points at 1.5x capacity (docs/BENCHMARKS.md, "Seats").
+# conversation's standard class 4-5 points at 1.5x capacity (docs/BENCHMARKS.md, "Seats").
 DEFAULT_CLASS_FRACTION = {CRITICAL: 1.0, STANDARD: 1.0, SHEDDABLE: 0.5}
 _MAX = 1e15   # any figure past this is garbage; clamp so sums stay finite
 
