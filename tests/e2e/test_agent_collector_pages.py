@@ -102,3 +102,28 @@ async def test_collector_reports_engine_stats_from_page(name: str, session: aioh
         # TGI's token totals are histogram sums, so doubling the histograms doubles them.
         assert e.prompt_tokens_per_s == pytest.approx((sample.prompt_tokens_total or 0) / 2.0)
         assert e.work.itl_sum_s == 0.0 and e.work.steps == 0.0 and e.work.interval_s == 2.0
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in PAGES.glob("*.txt")))
+async def test_collector_reports_seats_and_finished_requests(name: str, session: aiohttp.ClientSession) -> None:
+    """The admission budget's seat inputs: the operator's --engine-max-num-seqs (no page here
+    exports seats), and the requests finished between two scrapes (the E2E histogram's count)."""
+    text = (PAGES / name).read_text()
+    sample = parse_metrics(text)
+    reports = []
+    for seats in (0, 64):
+        engine = PageEngine([text, doubled(text)])
+        await engine.start()
+        ticks = iter((100.0, 102.0))
+        try:
+            collector = Collector(engine.url, session, window_s=60.0, clock=lambda it=ticks: next(it),
+                                  max_num_seqs=seats)
+            await collector.collect()
+            reports.append(await collector.collect())
+        finally:
+            assert engine.runner is not None
+            await engine.runner.cleanup()
+    assert [r.engine.max_num_seqs for r in reports] == [0, 64]
+    # Doubling the page's histograms finishes as many requests again as it counts.
+    assert reports[1].engine.work.finished_requests == pytest.approx(sample.finished_total or 0.0)
+    assert (sample.finished_total or 0.0) > 0
