@@ -76,21 +76,19 @@ def _load_csv(path: Path, columns: tuple[str, str, str], ts: Callable[[str], flo
                 raise TraceError(f"{path}: expected columns {list(columns)}, got {reader.fieldnames}")
             reader.fieldnames = [c.strip() for c in reader.fieldnames]
             t_col, p_col, o_col = columns
-            t0 = None
             for lineno, row in enumerate(islice(reader, limit), start=2):
                 try:
                     t = ts(row[t_col])
                     p, o = _tokens(row[p_col]), _tokens(row[o_col])
                 except (ValueError, TypeError) as exc:
                     raise TraceError(f"{path}:{lineno}: {exc}") from None
-                t0 = t if t0 is None else t0
-                out.append(TraceRequest(t - t0, p, o))
+                out.append(TraceRequest(t, p, o))
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
     if not out:
         raise TraceError(f"{path}: no requests")
-    # Arrivals relative to the earliest (a trace need not be sorted); the sort is stable, so
-    # requests logged at the same instant keep their order.
+    # Arrivals relative to the earliest (a trace need not be sorted; until here they are absolute
+    # times); the sort is stable, so requests logged at the same instant keep their order.
     t_min = min(r.arrival_s for r in out)
     return sorted((TraceRequest(r.arrival_s - t_min, r.prompt_tokens, r.output_tokens) for r in out),
                   key=lambda r: r.arrival_s)
