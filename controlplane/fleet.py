@@ -244,9 +244,9 @@ class FleetState:
             rate = delta / (now - rec.report_at) if delta > 0 else 0.0
         rec.report, rec.report_at, rec.stats, rec.preemptions_per_s = report, now, stats, rate
         if report.HasField("engine") and report.engine.HasField("work"):
-            rec.rates.observe(WorkWindow.from_proto(report.engine.work))
-            rec.completions_per_s = smoothed_rate(rec.completions_per_s, report.engine.work.finished_requests,
-                                                  report.engine.work.interval_s)
+            window = WorkWindow.from_proto(report.engine.work)
+            rec.rates.observe(window)
+            rec.completions_per_s = smoothed_rate(rec.completions_per_s, window.finished_requests, window.interval_s)
         signals = faults.FaultSignals(
             healthy=stats.healthy, engine_error=stats.engine_error, xid_events=stats.xid_events,
             ecc_uncorrected=stats.ecc_uncorrected, gpu_lost=stats.gpu_lost, oom=stats.oom,

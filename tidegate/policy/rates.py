@@ -173,7 +173,7 @@ class WorkWindow:
     busy_s: float = 0.0
     prefill_time_sum_s: float = 0.0   # how long finished requests' prefills spanned, summed
     prefill_time_count: float = 0.0
-    finished_requests: float = 0.0    # not a rate input: the admission budget's seat drain reads it
+    finished_requests: float = 0.0    # not a fit input: the control plane's seat drain (fleet.smoothed_rate)
 
     @classmethod
     def from_proto(cls, w) -> WorkWindow:
