@@ -32,6 +32,7 @@ from tidegate.config import ConfigBase, EtcdFields, add_flags, load
 from tidegate.fleet import endpoints as endpoints_file
 from tidegate.fleet.procs import Child, ChildStartError, stop_all, tidegate_argv
 from tidegate.policy import registry
+from tidegate.simulator.profiles import get_profile
 
 log = structlog.get_logger(__name__)
 
@@ -69,6 +70,12 @@ class UpConfig(ConfigBase, EtcdFields):
     metrics: bool = Field(False, description="Give every control plane and agent a Prometheus /metrics port (free "
                           "ports, listed under `metrics` in the endpoints file with the router's) so a local "
                           "Prometheus can scrape the whole fleet (deploy/prometheus/alerts.yml).")
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, v: str) -> str:
+        get_profile(v)  # ProfileError (a ValueError) lists the valid names
+        return v
 
     @field_validator("policy")
     @classmethod
@@ -172,6 +179,11 @@ class Fleet:
             out += ["--admission-max-wait", cfg.admission_max_wait]
         return out
 
+    def _agent_flags(self) -> list[str]:
+        # vLLM does not export max_num_seqs, so an operator passes it to the agent (the admission
+        # budget counts the engine's seats); here the simulated engines run their profile's.
+        return ["--engine-max-num-seqs", str(get_profile(self.cfg.profile).max_num_seqs)]
+
     def _controlplane_flags(self) -> list[str]:
         factor = self.cfg.outlier_latency_factor
         return [] if factor is None else ["--outlier-latency-factor", f"{factor:g}"]
@@ -231,7 +243,7 @@ class Fleet:
                 "--region", cfg.region, "--zone", f"{cfg.region}-{'abc'[i % 3]}",
                 "--controlplane", ",".join(cp_addrs), "--report-interval-s", str(cfg.report_interval_s),
                 "--engine-kind", "tidegate-sim", "--telemetry-token-file", agent_tokens[rid], *gpu,
-                *metrics_port(f"agent-{i}"), *self._common())
+                *self._agent_flags(), *metrics_port(f"agent-{i}"), *self._common())
             replicas.append({"id": rid, "model": cfg.model, "engine_url": url,
                              "sim_pid": sim.pid, "agent_pid": agent.pid})
 

@@ -27,7 +27,10 @@ prefill budget (what one step may carry within the TPOT target: TPOT protection)
                    something was held; held_s: the time something was; both decayed over the TTFT
                    target), the prediction a prior worth 0.1 s (it counts only prefill, while the
                    engines' steps also carry the decodes, so it overstates the drain under load)
-    ahead_k      = prefill tokens queued here of class k, before the request
+    ahead_k      = prefill tokens queued here of class k, before the request; for k > c (a higher
+                   class) plus what the largest peer holds of the classes above c beyond this
+                   router's own (`_peer_ahead`: c does not go while a peer holds them, see "Class
+                   order across routers"; the largest, as peers drain in parallel)
     arriving_k   = prefill tokens/s of class k arriving (admitted or not), a moving average over
                    the TTFT target, less its held tokens / that horizon (those are already ahead)
     wait(c)      = (ahead_c + own) / drain          (its class ahead of it, then its own prefill)
@@ -139,7 +142,12 @@ when a peer's presence ends), and
   heads at the other routers took the capacity (Azure conversation at 2x capacity, 4 routers:
   critical 93.0 % against 99.7 % with one router; with it 99.1 %).
 The wait estimates stay this router's own (its drain is measured on its own dispatches, which
-the gate already slows).
+the gate already slows), except that a request's wait at arrival counts the higher classes its
+peers hold beyond this router's own (ahead_k above): the gate keeps it back until they go, and
+without them the prediction was half a second short at the start of a burst, so requests were
+held that could only go late (Azure conversation at 1.5x capacity, 4 routers, seed 1: 174
+standard requests served past their deadline, 2 with it; standard 84.2 -> 86.5 %;
+docs/BENCHMARKS.md, "Peers' held classes in the wait").
 """
 
 from __future__ import annotations
@@ -521,6 +529,17 @@ class AdmissionQueue:
         above = CLASSES[:rank]
         return any(c in held for held in self._peer_held.values() for c in above)
 
+    def _peer_ahead(self, rank: int) -> float:
+        """Prefill tokens of the classes above rank `rank` that a peer holds beyond what this router
+        holds of them: a request of that rank does not go while a peer holds them (class order
+        across routers), so they are ahead of it. The largest peer's, not the sum: peers drain
+        their queues in parallel, as this router drains its own beside them."""
+        if rank == 0 or not self._peer_held:
+            return 0.0
+        above = CLASSES[:rank]
+        peer = max(sum(held.get(c, 0.0) for c in above) for held in self._peer_held.values())
+        return max(0.0, peer - sum(self._tokens[c] for c in above))
+
     def _observe(self, now: float) -> None:
         """Advances the service-rate estimate to `now`: the queue's state (held or empty) holds
         since the last call, as only calls change it."""
@@ -647,12 +666,13 @@ class AdmissionQueue:
         # take every prompt, the long ones are refused now, at arrival, and not the short ones later.
         shorter = self._shorter_tps(cls, own, now)
         if self.cfg.decide_s is None:
-            all_wait = self._wait_s(sum(self._tokens[c] for c in CLASSES[:rank + 1]) + own, rank, shorter)
+            all_wait = self._wait_s(sum(self._tokens[c] for c in CLASSES[:rank + 1]) + own + self._peer_ahead(rank),
+                                    rank, shorter)
             predicted = all_wait
         else:
             # Every held request is a commitment served by its deadline, which comes before this
             # one's (same target, earlier arrival): the lower classes held are ahead of it too.
-            predicted = self._wait_s(sum(self._tokens.values()) + own, rank, shorter)
+            predicted = self._wait_s(sum(self._tokens.values()) + own + self._peer_ahead(rank), rank, shorter)
             self._expire_margin(cls, now)
             own_wait += self._margin[cls]
             all_wait = predicted + self._margin[cls]
