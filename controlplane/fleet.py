@@ -8,12 +8,14 @@ flagged, never trusted and never a crash.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tidegate.policy import faults, feedback, outliers
+from tidegate.policy.predict import unbacked_prefill
 from tidegate.policy.rates import EngineRates, RateEstimator, RateEstimatorConfig, WorkWindow
 from tidegate.policy.weights import ROUTABLE_STATES, ReplicaDecision, ReplicaView, WeightPolicyConfig, decide
 from tidegate.v1 import records_pb2, telemetry_pb2
@@ -158,6 +160,9 @@ class ReplicaRecord:
     rates: RateEstimator = field(default_factory=RateEstimator)  # fitted from this endpoint's reports
     feedback: feedback.FeedbackState = field(default_factory=feedback.FeedbackState)  # in memory only
     state: int | None = None           # the state the last report's Ack carried
+    # Its fitted prefill rate has been published as its own once (predict.unbacked_prefill: only
+    # a first claim of a faster kind waits for evidence). Reset with the fit.
+    prefill_settled: bool = False
 
 
 def _rate_estimator(hello: telemetry_pb2.Hello, cfg: RateEstimatorConfig | None = None) -> RateEstimator:
@@ -225,6 +230,7 @@ class FleetState:
             if hello.endpoint != rec.hello.endpoint:
                 # Another engine behind the same id: what was learnt describes the old one.
                 rec.rates = _rate_estimator(hello, self.rate_config)
+                rec.prefill_settled = False
             rec.hello = hello
             rec.hello_at = now
 
@@ -378,13 +384,36 @@ class FleetState:
 
     def view(self, replica_id: str, now: float | None = None) -> ReplicaView | None:
         rec = self._replicas.get(replica_id)
-        return None if rec is None else self._view(rec, self._now() if now is None else now)
+        if rec is None:
+            return None
+        # As the table shows it: among its pool's views (an unbacked rate claim, views()).
+        return next(v for v in self.views(now, pools=(rec.hello.pool,)) if v.replica_id == replica_id)
 
     def views(self, now: float | None = None, pools: Collection[str] | None = None) -> list[ReplicaView]:
         """Every replica's view, or those of `pools` only."""
         now = self._now() if now is None else now
-        return [self._view(rec, now) for _, rec in sorted(self._replicas.items())
-                if pools is None or rec.hello.pool in pools]
+        views = [self._view(rec, now) for _, rec in sorted(self._replicas.items())
+                 if pools is None or rec.hello.pool in pools]
+        return self._backed(views)
+
+    def _backed(self, views: list[ReplicaView]) -> list[ReplicaView]:
+        """A replica's first prefill rate that claims a faster kind of GPU is published only once
+        its fit backs the claim; until then the pool's median (predict.unbacked_prefill)."""
+        by_pool: dict[str, dict[str, float]] = {}
+        for v in views:
+            by_pool.setdefault(v.pool, {})[v.replica_id] = v.prefill_tokens_per_s
+        swap: dict[str, float] = {}
+        recs = self._replicas
+        for figures in by_pool.values():
+            swap.update(unbacked_prefill(figures, lambda rid: recs[rid].rates.prefill_rel_se(),
+                                         lambda rid: recs[rid].prefill_settled))
+            for rid, figure in figures.items():
+                if figure > 0 and rid not in swap:
+                    recs[rid].prefill_settled = True
+        if not swap:
+            return views
+        return [dataclasses.replace(v, prefill_tokens_per_s=swap[v.replica_id]) if v.replica_id in swap else v
+                for v in views]
 
     def pools(self) -> dict[str, str]:
         """replica id -> pool, without computing views."""

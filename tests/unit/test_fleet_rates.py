@@ -5,6 +5,7 @@ publisher's change rule include them; the virtual-time simulator's agent fills t
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 
 import pytest
@@ -181,3 +182,44 @@ def test_a_new_stream_drops_the_window_waiting_for_its_lead() -> None:
     clock.t += 1.0
     fs.on_report(h, report(3, batch=30, prefill_per_step=100))
     assert rates.windows == 1  # the second report's window, with the third's count as its lead
+
+
+def _report_at(seq: int, tokens_per_ms: float, batch: float, prefill_per_step: float) -> telemetry_pb2.Report:
+    """report() of an engine that prefills `tokens_per_ms`."""
+    step_ms = 7.5 + 0.07 * batch + prefill_per_step / tokens_per_ms
+    steps = round(1000.0 / step_ms)
+    work = telemetry_pb2.EngineWork(interval_s=1.0, steps=steps, prompt_tokens=steps * prefill_per_step,
+                                    generation_tokens=steps * batch, itl_sum_s=steps * batch * step_ms / 1000.0,
+                                    itl_count=steps * batch)
+    return telemetry_pb2.Report(seq=seq, engine=telemetry_pb2.EngineStats(
+        healthy=True, num_requests_running=int(batch), kv_capacity_tokens=1000, kv_free_tokens=500,
+        has_kv_capacity=True, work=work))
+
+
+def test_a_replica_claiming_a_faster_kind_of_gpu_shows_the_pools_median_until_its_fit_backs_it(
+        fleet: tuple[FleetState, FakeClock]) -> None:
+    """predict.unbacked_prefill, wired into the views every table is built from: a replica whose
+    engine really prefills 4x faster publishes the pool's median while its fit is a few windows
+    old, and its own figure once the windows back it."""
+    fs, clock = fleet
+    hellos = {rid: telemetry_pb2.Hello(replica_id=rid, pool="m", endpoint=f"http://127.0.0.1:{9 + i}",
+                                       protocol_version=1) for i, rid in enumerate(("a", "b", "c", "fast"))}
+    for h in hellos.values():
+        fs.on_hello(h)
+    seen = []
+    for i in range(1, 41):
+        clock.t += 1.0
+        k = (i - 1) // MERGED
+        for rid, h in hellos.items():
+            fs.on_report(h, _report_at(i, 190.4 if rid == "fast" else 47.6, batch=10 + 7 * (k % 9),
+                                       prefill_per_step=50 * (k % 5) + (rid != "fast") * 3 * (i % 2)))
+        views = {v.replica_id: v for v in fs.views()}
+        fitted = {rid: fs.get(rid).rates.published.prefill_tokens_per_s for rid in hellos}  # type: ignore[union-attr]
+        if fitted["fast"] > 1.5 * fitted["a"] > 0:
+            seen.append((views["fast"].prefill_tokens_per_s, fitted["fast"], statistics.median(fitted.values())))
+    assert seen, "the fast replica's fit claimed another kind"
+    first_shown, first_fitted, median = seen[0]
+    assert first_shown == median != first_fitted      # unbacked: the pool's median is shown
+    last_shown, last_fitted, median = seen[-1]
+    assert last_shown == last_fitted > 2.5 * median   # backed: its own
+    assert fs.view("fast").prefill_tokens_per_s == last_fitted  # type: ignore[union-attr]

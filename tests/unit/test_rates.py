@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidegate.policy.predict import pool_rates
+from tidegate.policy.predict import pool_rates, unbacked_prefill
 from tidegate.policy.rates import (
     GENERIC_PRIOR,
     EngineRates,
@@ -670,3 +671,99 @@ def test_prefills_longer_than_a_report_merge_to_two_durations_and_take_the_lead(
     assert default < math.log(1.5)
     assert err(RateEstimatorConfig(lag_windows=0.0)) > math.log(4.0)   # the lead on 1 s windows alone
     assert default < err(RateEstimatorConfig(lag_windows=10.0, lead=False))
+
+
+# ------------------------------------------------------------------ the prefill rate's standard error
+
+
+def _varied_windows(rng: random.Random, truth: EngineRates, n: int, noise: float = 0.03) -> list[WorkWindow]:
+    """Windows whose batch and prefill per step vary, so that every figure is identified."""
+    return [synthetic_window(rng, truth, batch=rng.uniform(10, 80), prefill_per_step=rng.uniform(50, 800),
+                             noise=noise) for _ in range(n)]
+
+
+def test_prefill_rel_se_is_unknown_until_the_windows_outnumber_the_figures() -> None:
+    est = RateEstimator()
+    rng = random.Random(1)
+    truth = EngineRates(47_600.0, 7.5, 0.072)
+    for w in _varied_windows(rng, truth, 5):  # the 5th is held for its lead: 4 fitted
+        est.observe(w)
+    assert est.prefill_rel_se() == math.inf
+    est.observe(synthetic_window(rng, truth, batch=30, prefill_per_step=300))
+    assert 0 <= est.prefill_rel_se() < math.inf
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_prefill_rel_se_shrinks_with_evidence_and_grows_with_noise(seed: int) -> None:
+    truth = EngineRates(47_600.0, 7.5, 0.072)
+
+    def se_after(n: int, noise: float) -> float:
+        est = RateEstimator()
+        for w in _varied_windows(random.Random(seed), truth, n, noise):
+            est.observe(w)
+        return est.prefill_rel_se()
+
+    assert se_after(60, 0.03) < se_after(8, 0.03)
+    assert se_after(30, 0.002) < se_after(30, 0.03) < se_after(30, 0.3)
+    assert se_after(60, 0.03) < 0.1   # plenty of clean windows pin the rate down
+
+
+def test_a_slope_from_windows_that_barely_vary_is_not_backed() -> None:
+    """What the error is for: windows that hardly vary in prefill identify its slope poorly, so a
+    fit off by a factor is told apart from one that is not (predict.unbacked_prefill)."""
+    truth = EngineRates(47_600.0, 7.5, 0.072)
+    rng = random.Random(4)
+    flat = RateEstimator()
+    for _ in range(8):
+        flat.observe(synthetic_window(rng, truth, batch=40, prefill_per_step=300 * rng.uniform(0.97, 1.03),
+                                      noise=0.1))
+    varied = RateEstimator()
+    for w in _varied_windows(rng, truth, 8, 0.1):
+        varied.observe(w)
+    assert varied.prefill_rel_se() < flat.prefill_rel_se()
+
+
+# ------------------------------------------------------------------ claims of a faster kind of GPU
+
+
+MEDIAN_POOL = {"a": 47_000.0, "b": 48_000.0, "c": 46_000.0, "d": 47_000.0}   # median 47,000 with any fifth
+
+
+@pytest.mark.parametrize(("case", "figure", "rel_se", "published"), [
+    ("a noisy first fit claiming 6.8x: the median", 317_500.0, 3.57, 47_000.0),
+    ("the same claim, backed (the median 2 errors away): its own", 317_500.0, 0.5, None),
+    ("claims a slower kind, unbacked: its own (the safe side)", 15_000.0, 0.6, None),
+    ("claims a slower kind, error unknown: its own", 15_000.0, math.inf, None),
+    ("error unknown (too few windows): the median", 150_000.0, math.inf, 47_000.0),
+    ("within HETEROGENEOUS: no claim, its own whatever the error", 65_000.0, 9.0, None),
+    ("not published (0): nothing to swap", 0.0, 9.0, None),
+])
+def test_a_claim_of_a_faster_kind_is_published_only_once_backed(case: str, figure: float, rel_se: float,
+                                                               published: float | None) -> None:
+    figures = {**MEDIAN_POOL, "x": figure}
+    swap = unbacked_prefill(figures, lambda rid: rel_se if rid == "x" else 0.01)
+    assert swap.get("x") == published, case
+    assert set(swap) <= {"x"}
+
+
+def test_a_settled_replicas_claim_is_its_own() -> None:
+    """Only a first claim waits for evidence: a replica whose own figure has stood has changed
+    when its fit moves, and its figures together steer traffic."""
+    figures = {**MEDIAN_POOL, "x": 317_500.0}
+    assert unbacked_prefill(figures, lambda rid: 9.0, lambda rid: rid == "x") == {}
+    assert unbacked_prefill(figures, lambda rid: 9.0, lambda rid: rid != "x") == {"x": 47_000.0}
+
+
+def test_a_lone_replica_has_no_pool_to_differ_from() -> None:
+    assert unbacked_prefill({"x": 317_500.0}, lambda rid: math.inf) == {}
+    assert unbacked_prefill({"x": 317_500.0, "y": 0.0}, lambda rid: math.inf) == {}
+
+
+@given(st.dictionaries(st.sampled_from("abcdefgh"), st.floats(0, 1e7), min_size=0, max_size=8),
+       st.floats(0, 100))
+def test_property_a_swap_is_always_to_the_pools_median_and_only_for_a_claim(figures: dict, se: float) -> None:
+    swap = unbacked_prefill(figures, lambda rid: se)
+    known = sorted(v for v in figures.values() if v > 0)
+    for rid, m in swap.items():
+        assert m == pytest.approx(statistics.median(known))
+        assert figures[rid] / m > 1.5

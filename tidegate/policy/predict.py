@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 # Prefill tokens one engine step carries (vLLM's max_num_batched_tokens for chunked prefill on
@@ -84,6 +84,41 @@ def pool_rates(entries: Iterable) -> dict[str, Rates]:
                          for v, m, floor in zip(own[:2], medians[:2], RESOLUTION, strict=True))
         p, b, s = (v if other_kind and known(v) else m for v, m in zip(own, medians, strict=True))
         out[e.replica_id] = Rates(p, b / 1000.0, s / 1000.0)
+    return out
+
+
+def unbacked_prefill(figures: Mapping[str, float], rel_se: Callable[[str], float],
+                     settled: Callable[[str], bool] = lambda rid: False) -> dict[str, float]:
+    """The replicas of one pool whose first fitted prefill rate claims a faster kind of GPU
+    (`pool_rates`: over the pool's median by more than HETEROGENEOUS and RESOLUTION) without the
+    evidence to back it, each with the pool's median to publish instead; `figures` are the pool's
+    published rates (<= 0: none), `rel_se(id)` the fit's relative standard error
+    (rates.RateEstimator.prefill_rel_se), `settled(id)` whether the replica's own figure has stood
+    once already (the caller keeps that: FleetState), after which its fit is published as it moves.
+
+    Backed: the median lies more than two standard errors below the figure (ln(figure / median) >
+    2 x rel_se, the relative error being the log's to first order). A figure past the median by
+    HETEROGENEOUS is what makes the router trust it over the median, and the budget adds it as it
+    is; from a few windows it can be noise: a replica of 16 identical ones on a held-out RAG
+    workload published 317,500 tokens/s (true ~47k) from its first windows, standard error 357 %,
+    and took the prefill of seven (docs/BENCHMARKS.md, "Unbacked prefill rates"). Until backed, the
+    median stands in for it, as it does for every replica that does not differ. Only the faster
+    claim waits: overrated, a replica is flooded and its requests miss their SLOs; underrated, it
+    gets less traffic until its fit settles. And only a first one: a new replica is far likelier
+    to be of its pool's kind than its first windows are to be right, while a settled replica
+    whose fit moves has changed (a throttled GPU: while its fit crosses over, its figures
+    together are what steers traffic away; tests/unit/test_fleetsim_sim.py, the slowed replica)."""
+    known = {rid: v for rid, v in figures.items() if math.isfinite(v) and v > 0}
+    if len(known) < 2:
+        return {}
+    m = statistics.median(known.values())
+    out = {}
+    for rid, v in known.items():
+        if v > m * HETEROGENEOUS and v - m > RESOLUTION[0] and not settled(rid):
+            off = math.log(v / m)
+            se = rel_se(rid)
+            if not (math.isfinite(se) and off > 2.0 * se):
+                out[rid] = m
     return out
 
 

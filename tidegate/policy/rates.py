@@ -321,6 +321,10 @@ class RateEstimator:
     # Prefill durations (s) and their count, forgotten like the fit: their ratio sizes the merge.
     _prefill_time_s: float = 0.0
     _prefill_count: float = 0.0
+    # The slope fit's weighted squared step times and its windows, forgotten alike: the fit's
+    # residual spread, for the prefill rate's standard error (`prefill_rel_se`).
+    _syy: float = 0.0
+    _n: float = 0.0
 
     def __post_init__(self) -> None:
         if self.prior is not None and not self.prior.complete:
@@ -440,6 +444,8 @@ class RateEstimator:
 
     def _learn(self, obs: Observation, keep: float, lead: float) -> None:
         self._accumulate(self._a, self._r, obs, keep, lead)
+        self._syy = self._syy * keep + obs.weight * obs.step_ms * obs.step_ms
+        self._n = self._n * keep + 1.0
         self._decode_tokens = self._decode_tokens * keep + obs.weight
         self._prefill_tokens = self._prefill_tokens * keep + obs.prefill_tokens
         self.windows += 1
@@ -482,6 +488,38 @@ class RateEstimator:
             decode_step_base_ms=_clamp(base, cfg.base_ms_bounds),
             decode_step_per_seq_ms=_clamp(per_seq, cfg.per_seq_ms_bounds),
         )
+
+    def _slope_system(self) -> tuple[list[list[float]], list[float]]:
+        """The slope fit's ridge normal equations (A + L0, r + L0 theta0)."""
+        cfg = self.cfg
+        t0 = self.theta0
+        lam = (cfg.prior_weight, cfg.prior_weight * cfg.batch_scale ** 2, cfg.prior_weight * cfg.prefill_scale ** 2,
+               cfg.prior_weight * cfg.prefill_scale ** 2)
+        a = [[self._a[i][j] + (lam[i] if i == j else 0.0) for j in range(4)] for i in range(4)]
+        return a, [self._r[i] + lam[i] * t0[i] for i in range(4)]
+
+    def prefill_rel_se(self) -> float:
+        """The fitted prefill rate's relative standard error (inf while it cannot be told).
+
+        The slope s = m0 + m1 (ms per uncached token) has variance sigma^2 c^T (A + L0)^-1 c with
+        c = (0, 0, 1, 1), sigma^2 the residual variance per unit of weight (weighted squared
+        residuals over the windows less the four fitted figures: the windows' mean step times
+        have variances inverse to their decode tokens, the weights), and the rate 1000 / s the
+        same relative error to first order."""
+        if self._n <= 4:
+            return math.inf
+        a, b = self._slope_system()
+        theta = _solve([row[:] for row in a], b[:])
+        g = _solve(a, [0.0, 0.0, 1.0, 1.0])
+        if theta is None or g is None:
+            return math.inf
+        ssr = self._syy - 2.0 * sum(t * r for t, r in zip(theta, self._r, strict=True)) + sum(
+            theta[i] * self._a[i][j] * theta[j] for i in range(4) for j in range(4))
+        var = max(0.0, ssr) / (self._n - 4) * (g[2] + g[3])
+        slope = theta[2] + theta[3]
+        if not (math.isfinite(var) and var >= 0 and slope > 0):
+            return math.inf
+        return math.sqrt(var) / slope
 
     def _quantized(self, est: EngineRates, prev: EngineRates) -> EngineRates:
         q = self.cfg.quantum
