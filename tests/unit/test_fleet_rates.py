@@ -31,9 +31,11 @@ def hello(endpoint: str = "http://127.0.0.1:9", **prior: float) -> telemetry_pb2
     return telemetry_pb2.Hello(replica_id="r1", pool="m", endpoint=endpoint, protocol_version=1, **prior)
 
 
-def report(seq: int, batch: float = 30.0, prefill_per_step: float = 200.0) -> telemetry_pb2.Report:
-    """A second's work of an engine with step_ms = 7.5 + 0.07 * batch + prefill / 47.6 tokens/ms."""
-    step_ms = 7.5 + 0.07 * batch + prefill_per_step / 47.6
+def report(seq: int, batch: float = 30.0, prefill_per_step: float = 200.0,
+           tokens_per_ms: float = 47.6) -> telemetry_pb2.Report:
+    """A second's work of an engine with step_ms = 7.5 + 0.07 * batch + prefill / tokens_per_ms
+    (47.6: 47,600 prefill tokens/s)."""
+    step_ms = 7.5 + 0.07 * batch + prefill_per_step / tokens_per_ms
     steps = round(1000.0 / step_ms)
     work = telemetry_pb2.EngineWork(interval_s=1.0, steps=steps, prompt_tokens=steps * prefill_per_step,
                                     generation_tokens=steps * batch, itl_sum_s=steps * batch * step_ms / 1000.0,
@@ -184,18 +186,6 @@ def test_a_new_stream_drops_the_window_waiting_for_its_lead() -> None:
     assert rates.windows == 1  # the second report's window, with the third's count as its lead
 
 
-def _report_at(seq: int, tokens_per_ms: float, batch: float, prefill_per_step: float) -> telemetry_pb2.Report:
-    """report() of an engine that prefills `tokens_per_ms`."""
-    step_ms = 7.5 + 0.07 * batch + prefill_per_step / tokens_per_ms
-    steps = round(1000.0 / step_ms)
-    work = telemetry_pb2.EngineWork(interval_s=1.0, steps=steps, prompt_tokens=steps * prefill_per_step,
-                                    generation_tokens=steps * batch, itl_sum_s=steps * batch * step_ms / 1000.0,
-                                    itl_count=steps * batch)
-    return telemetry_pb2.Report(seq=seq, engine=telemetry_pb2.EngineStats(
-        healthy=True, num_requests_running=int(batch), kv_capacity_tokens=1000, kv_free_tokens=500,
-        has_kv_capacity=True, work=work))
-
-
 def test_a_replica_claiming_a_faster_kind_of_gpu_shows_the_pools_median_until_its_fit_backs_it(
         fleet: tuple[FleetState, FakeClock]) -> None:
     """predict.unbacked_prefill, wired into the views every table is built from: a replica whose
@@ -211,8 +201,9 @@ def test_a_replica_claiming_a_faster_kind_of_gpu_shows_the_pools_median_until_it
         clock.t += 1.0
         k = (i - 1) // MERGED
         for rid, h in hellos.items():
-            fs.on_report(h, _report_at(i, 190.4 if rid == "fast" else 47.6, batch=10 + 7 * (k % 9),
-                                       prefill_per_step=50 * (k % 5) + (rid != "fast") * 3 * (i % 2)))
+            prefill = 50 * (k % 5) + (rid != "fast") * 3 * (i % 2)
+            fs.on_report(h, report(i, batch=10 + 7 * (k % 9), prefill_per_step=prefill,
+                                   tokens_per_ms=190.4 if rid == "fast" else 47.6))
         views = {v.replica_id: v for v in fs.views()}
         fitted = {rid: fs.get(rid).rates.published.prefill_tokens_per_s for rid in hellos}  # type: ignore[union-attr]
         if fitted["fast"] > 1.5 * fitted["a"] > 0:
