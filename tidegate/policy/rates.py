@@ -462,10 +462,8 @@ class RateEstimator:
         prompts have no lag to undo, 2 points of SLO attainment at load 0.7)."""
         cfg = self.cfg
         t0 = self.theta0
-        lam = (cfg.prior_weight, cfg.prior_weight * cfg.batch_scale ** 2, cfg.prior_weight * cfg.prefill_scale ** 2,
-               cfg.prior_weight * cfg.prefill_scale ** 2)
-        a = [[self._a[i][j] + (lam[i] if i == j else 0.0) for j in range(4)] for i in range(4)]
-        b = [self._r[i] + lam[i] * t0[i] for i in range(4)]
+        lam = self._ridge()
+        a, b = self._slope_system()
         theta = _solve(a, b) or list(t0)
         if not all(math.isfinite(v) for v in theta):
             theta = list(t0)
@@ -489,12 +487,15 @@ class RateEstimator:
             decode_step_per_seq_ms=_clamp(per_seq, cfg.per_seq_ms_bounds),
         )
 
-    def _slope_system(self) -> tuple[list[list[float]], list[float]]:
-        """The slope fit's ridge normal equations (A + L0, r + L0 theta0)."""
+    def _ridge(self) -> tuple[float, float, float, float]:
+        """L0's diagonal: the prior's weight in each figure's units."""
         cfg = self.cfg
-        t0 = self.theta0
-        lam = (cfg.prior_weight, cfg.prior_weight * cfg.batch_scale ** 2, cfg.prior_weight * cfg.prefill_scale ** 2,
-               cfg.prior_weight * cfg.prefill_scale ** 2)
+        return (cfg.prior_weight, cfg.prior_weight * cfg.batch_scale ** 2, cfg.prior_weight * cfg.prefill_scale ** 2,
+                cfg.prior_weight * cfg.prefill_scale ** 2)
+
+    def _slope_system(self) -> tuple[list[list[float]], list[float]]:
+        """The slope fit's ridge normal equations (A + L0, r + L0 theta0), fresh lists."""
+        lam, t0 = self._ridge(), self.theta0
         a = [[self._a[i][j] + (lam[i] if i == j else 0.0) for j in range(4)] for i in range(4)]
         return a, [self._r[i] + lam[i] * t0[i] for i in range(4)]
 
