@@ -158,6 +158,7 @@ class Fleet:
         self.info: dict[str, Any] = {}
         self._etcd_access: list[str] = []
         self._reported: set[str] = set()
+        self._seats = get_profile(cfg.profile).max_num_seqs   # read once: every agent gets it
 
     # ------------------------------------------------------------------ start
     def _child(self, name: str, *args: str) -> Child:
@@ -182,7 +183,7 @@ class Fleet:
     def _agent_flags(self) -> list[str]:
         # vLLM does not export max_num_seqs, so an operator passes it to the agent (the admission
         # budget counts the engine's seats); here the simulated engines run their profile's.
-        return ["--engine-max-num-seqs", str(get_profile(self.cfg.profile).max_num_seqs)]
+        return ["--engine-max-num-seqs", str(self._seats)]
 
     def _controlplane_flags(self) -> list[str]:
         factor = self.cfg.outlier_latency_factor
