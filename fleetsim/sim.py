@@ -43,9 +43,8 @@ What runs, and with which real code:
   requests pumps every `wake_s` of virtual time and at each arrival it takes (engine events are
   seen when the engines are advanced, which happens then). Held time counts in TTFT. With
   several routers, what each one's queue holds (`held_report`: prefill tokens per class, its
-  critical head's slack, its drain totals) rides with its peer load report to the others'
-  `on_peer_held` (class order across routers, pooled drain; the live router's load record
-  carries it too, `HeldLoad`);
+  critical head's slack) rides with its peer load report to the others' `on_peer_held` (class
+  order across routers; the live router's load record carries it too, `HeldLoad`);
 - admission budgets (SimConfig.budgets, with admission): every control-plane tick the real
   `controlplane.admission_budgets.BudgetPublisher.compute` splits the pool's budget among the
   routers by the demand each reports (what its presence record carries: held + queued + refused),

@@ -142,17 +142,13 @@ class Gate:
         return p
 
     def held_reports(self) -> dict[str, adm.HeldReport]:
-        """Per pool whose queue holds or ever held something: what this router tells its peers (the
-        drain totals of a queue that held once stay in the record; idle, they do not change, so
-        they cost no write)."""
+        """Per pool whose queue holds something: what this router tells its peers."""
         now = self._clock()
-        reports = ((name, p.queue.held_report(now)) for name, p in self._pools.items())
-        return {name: r for name, r in reports if r.tokens or r.held_s is not None}
+        return {name: p.queue.held_report(now) for name, p in self._pools.items() if len(p.queue)}
 
     def on_peer_held(self, peer: str, pool: str, report: adm.HeldReport | None) -> None:
-        """A peer router's latest held report for `pool` (empty: it holds nothing there; None: it
-        left the pool or is gone, so its drain figures go too): a held request here may now go, or
-        must let the peer's higher class go first."""
+        """A peer router's latest held report for `pool` (None: it holds nothing there): a held
+        request here may now go, or must let the peer's higher class go first."""
         now = self._clock()
         per = self._peer_held.setdefault(pool, {})
         if report is None:

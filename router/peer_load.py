@@ -4,7 +4,7 @@ Each router writes one `RouterLoad` record, under its presence lease, at
 /tidegate/v1/router-load/<router_id>: per pool, its own load on each replica, the prefix blocks
 its requests used since its previous record (peers pin them), those of its requests that finished
 since (peers release them) and what its admission queue holds (prefill tokens per
-class, its critical head's slack, its measured drain). `LoadPublisher` takes them every interval (0.05 s) and writes
+class, its critical head's slack). `LoadPublisher` takes them every interval (0.05 s) and writes
 only when something moved (an idle router writes nothing; one that hears no peer, at most once
 a second). `PeerLoadWatcher` watches the prefix
 and hands every other router's record to this router's pool policies (`on_peer_load`) and
@@ -54,9 +54,7 @@ MAX_RECORD_KEYS = 131_072
 Policies = Callable[[], Mapping[str, Any]]   # pool -> policy instance (Proxy.policies)
 PolicyFor = Callable[[str], Any]             # pool -> policy instance, created if new (Proxy.policy)
 Held = Callable[[], Mapping[str, HeldReport]]  # pool -> what the admission queue holds (Gate.held_reports)
-# (peer, pool, its report: empty while it holds nothing there; None: it left the pool or is gone)
-OnHeld = Callable[[str, str, HeldReport | None], None]
-NOTHING_HELD = HeldReport({})
+OnHeld = Callable[[str, str, HeldReport | None], None]   # (peer, pool, its report or None: nothing held)
 
 
 # ---------------------------------------------------------------------- record <-> reports (pure)
@@ -68,8 +66,7 @@ def load_record(router_id: str, wall_s: float, reports: Mapping[str, PeerReport]
     rec = RouterLoad(router_id=router_id)
     rec.updated_at.FromNanoseconds(int(wall_s * 1e9))
     for pool, h in (held or {}).items():
-        rec.pools[pool].held.CopyFrom(HeldLoad(tokens=dict(h.tokens), critical_slack_s=h.critical_slack_s,
-                                               served_tokens=h.served_tokens, held_s=h.held_s))
+        rec.pools[pool].held.CopyFrom(HeldLoad(tokens=dict(h.tokens), critical_slack_s=h.critical_slack_s))
     room = max_keys
     for pool, report in reports.items():
         p = rec.pools[pool]
@@ -115,11 +112,8 @@ def held_reports(rec: RouterLoad) -> dict[str, HeldReport]:
     out = {}
     for pool, p in rec.pools.items():
         if p.HasField("held"):
-            h = p.held
-            slack = h.critical_slack_s if h.HasField("critical_slack_s") else None
-            served = h.served_tokens if h.HasField("served_tokens") else None
-            held_s = h.held_s if h.HasField("held_s") else None
-            out[pool] = HeldReport(dict(h.tokens), slack, served, held_s)
+            slack = p.held.critical_slack_s if p.held.HasField("critical_slack_s") else None
+            out[pool] = HeldReport(dict(p.held.tokens), slack)
     return out
 
 
@@ -250,7 +244,7 @@ class PeerLoadWatcher:
                 policy.on_peer_load(peer, report)
         if self._on_held is not None:
             for pool in reports:
-                self._on_held(peer, pool, held.get(pool, NOTHING_HELD))
+                self._on_held(peer, pool, held.get(pool))
         before = self._pools.get(peer, frozenset())
         self._pools[peer] = frozenset(reports)
         self._forget(peer, before - self._pools[peer])

@@ -4,7 +4,6 @@ properties (never past a full queue, class order, never held past the max wait, 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 from hypothesis import given, settings
@@ -285,97 +284,13 @@ def test_arrival_wait_counts_the_higher_classes_peers_hold(case: str, own: list,
     for i, (c, tokens) in enumerate(own):
         held(q, c, f"h{i}", tokens)
     for i, report in enumerate(peers):
-        draining(q, f"router-{i + 1}", report)
+        q.on_peer_held(f"router-{i + 1}", HeldReport(report), 0.0)
     d = q.arrive("new", cls, 0.0, 2.0, place(0.5))
     assert (d.action, d.reason) == (action, reason), case
 
 
-def draining(q: AdmissionQueue, peer: str, tokens: dict[str, float]) -> None:
-    """`peer` tells `q` it holds `tokens`, and that since its first report it drained place()'s
-    10,000 tokens/s: 11,000 tokens over 1 s held and its prior's 0.1 s, so the pooled drain stays
-    10,000 (see "Pooled drain")."""
-    q.on_peer_held(peer, totals(0.0, 0.0, tokens), 0.0)
-    q.on_peer_held(peer, totals(11_000.0, 1.0, tokens), 0.0)
-
-
-def totals(served: float, held_s: float, tokens: dict[str, float] | None = None) -> HeldReport:
-    """A peer's report with its drain totals since it started."""
-    return HeldReport({"standard": 1.0} if tokens is None else tokens, None, served, held_s)
-
-
-@pytest.mark.parametrize(("case", "peers", "expect"), [
-    # this router: nothing measured yet, the predicted 10,000 tokens/s as its prior (0.1 s)
-    ("alone: the prior", [], 10_000.0),
-    ("a peer that never held: the prior is split", [("r1", HeldReport({}))], 5_000.0),
-    ("a peer that served 2,000 tokens in 1 s held", [("r1", totals(0, 0)), ("r1", totals(2_000, 1))],
-     (2_000 + 1_000) / (1.0 + 0.2)),
-    ("its past before we heard it does not count", [("r1", totals(50_000, 3))], 5_000.0),
-    ("what each report adds counts", [("r1", totals(0, 0)), ("r1", totals(1_000, 0.5)), ("r1", totals(2_000, 1))],
-     (2_000 + 1_000) / (1.0 + 0.2)),
-    ("two peers' evidence adds up", [("r1", totals(0, 0)), ("r2", totals(0, 0)), ("r1", totals(2_000, 1)),
-                                     ("r2", totals(4_000, 1))], (6_000 + 1_000) / (2.0 + 0.3)),
-    ("its queue emptied: its totals stay", [("r1", totals(0, 0)), ("r1", totals(2_000, 1)),
-                                           ("r1", totals(2_000, 1, {}))], (2_000 + 1_000) / (1.0 + 0.2)),
-    ("an old router that sends no totals is a router", [("r1", totals(0, 0)), ("r1", totals(2_000, 1)),
-                                                        ("r2", HeldReport({"critical": 5.0}))],
-     (2_000 + 1_000) / (1.0 + 0.3)),
-    ("totals that go back (a restart) start anew", [("r1", totals(0, 0)), ("r1", totals(2_000, 1)),
-                                                    ("r1", totals(10, 0.1)), ("r1", totals(1_010, 0.6))],
-     (3_000 + 1_000) / (1.5 + 0.2)),
-])
-def test_the_drain_pools_the_peers_measured_figures(case: str, peers: list[tuple[str, HeldReport]],
-                                                    expect: float) -> None:
-    """With n routers each one's drain is a 1/n share measured on a 1/n share of the evidence: the
-    estimate sums every router's tokens served and seconds held, the prior split n ways."""
-    q = AdmissionQueue(cfg())
-    assert q.arrive("first", "standard", 0.0, 2.0, place(0.5)).action == DISPATCH   # learns the prediction
-    for peer, report in peers:
-        q.on_peer_held(peer, report, 0.0)
-    assert q.measured_drain_tps() == pytest.approx(expect), case
-
-
-@pytest.mark.parametrize(("served", "held_s"), [(1.0, None), (None, 1.0), (-1.0, 1.0), (1.0, float("nan")),
-                                                (float("inf"), 1.0)])
-def test_a_held_report_refuses_garbage_drain_figures(served: float | None, held_s: float | None) -> None:
-    with pytest.raises(ValueError, match="served_tokens|held_s"):
-        HeldReport({"standard": 1.0}, None, served, held_s)
-
-
-def test_the_pooled_drain_is_the_prior_of_what_this_router_measures() -> None:
-    """Its own evidence outweighs the pool's as it grows: the pool's figure enters as a prior worth
-    0.1 s, as the prediction alone does for a router with no peers."""
-    q = AdmissionQueue(cfg())
-    held(q, "standard", "a", tokens=1000)             # held from 0 (nothing open), 2 s horizon
-    q.on_peer_held("router-1", totals(0, 0), 0.0)
-    q.on_peer_held("router-1", totals(20_000, 1), 1.0)
-    h, d = q.try_head(1.0, place(0.5))  # type: ignore[misc]
-    assert (h.key, d.action) == ("a", DISPATCH)       # 1,000 tokens served after 1 s held
-    own_held = 2 * (1 - math.exp(-0.5))               # decayed over the 2 s horizon
-    pooled = (1_000 + 20_000 + 10_000 * 0.1) / (own_held + 1.0 + 2 * 0.1)
-    assert q.measured_drain_tps() == pytest.approx((1_000 + pooled * 0.1) / (own_held + 0.1))
-    alone = AdmissionQueue(cfg())
-    held(alone, "standard", "a", tokens=1000)
-    alone.try_head(1.0, place(0.5))
-    assert alone.measured_drain_tps() == pytest.approx((1_000 + 10_000 * 0.1) / (own_held + 0.1))
-
-
-def test_a_peers_drain_decays_as_its_own_would_and_goes_with_it() -> None:
-    q = AdmissionQueue(cfg())
-    assert q.arrive("first", "standard", 0.0, 2.0, place(0.5)).action == DISPATCH
-    q.on_peer_held("router-1", totals(0, 0), 0.0)
-    q.on_peer_held("router-1", totals(2_000, 1), 0.0)
-    q.on_peer_held("router-1", totals(2_000, 1, {}), 0.5)    # its queue emptied: its figures only decay
-    assert q.arrive("second", "standard", 2.0, 4.0, place(0.5)).action == DISPATCH   # one horizon later
-    keep = math.exp(-1.0)
-    assert q.measured_drain_tps() == pytest.approx((2_000 * keep + 1_000) / (1.0 * keep + 0.2))
-    q.forget_peer("router-1")                                # its presence expired
-    assert q.measured_drain_tps() == pytest.approx(10_000.0)
-
-
 def test_a_peers_held_class_holds_back_only_our_non_urgent_lower_heads_until_it_is_gone() -> None:
     q = AdmissionQueue(cfg())
-    for peer in ("router-1", "router-2"):       # peers that drain as predicted (the drain is not the point)
-        draining(q, peer, {})
     held(q, "sheddable", "s")                   # deadline 2.0, predicted TTFT 0.1: urgent from 1.7
     q.on_peer_held("router-1", HeldReport({"standard": 2000.0}), 0.5)
     q.on_peer_held("router-2", HeldReport({"sheddable": 9000.0}), 0.5)
@@ -394,31 +309,26 @@ def test_a_peers_held_class_holds_back_only_our_non_urgent_lower_heads_until_it_
 
 def test_held_report_is_what_peers_are_told() -> None:
     q = AdmissionQueue(cfg())
-    assert q.held_report(0.0) == HeldReport({}, None)      # nothing held: no drain figures either
+    assert q.held_report(0.0) == HeldReport({}, None)
     held(q, "standard", "a", tokens=300)
     held(q, "standard", "b", tokens=200)
     held(q, "sheddable", "c", tokens=50)
     held(q, "critical", "k", tokens=10)         # deadline 2.0, predicted TTFT 0.1: last start 1.9
-    # held since 0 over a 2 s horizon: 2 * (1 - exp(-0.4 / 2)) s, nothing served yet
-    assert q.held_report(0.4) == HeldReport({"critical": 10.0, "standard": 500.0, "sheddable": 50.0}, 1.5,
-                                            0.0, 0.4)   # held since 0, nothing served yet
+    assert q.held_report(0.4) == HeldReport({"critical": 10.0, "standard": 500.0, "sheddable": 50.0}, 1.5)
     q.remove("c")
     q.remove("k")
     h, d = q.try_head(0.1, place(0.5))  # type: ignore[misc]
     assert (h.key, d.action) == ("a", DISPATCH)
-    assert q.held_report(0.1) == HeldReport({"standard": 200.0}, None, 300.0, 0.1)
+    assert q.held_report(0.1) == HeldReport({"standard": 200.0}, None)
     peer = AdmissionQueue(cfg())
     peer.on_peer_held("router-0", q.held_report(0.1), 0.2)
     assert peer.arrive("x", "sheddable", 0.2, 2.2, place(0.5)).action == HOLD
-    q.remove("b")                               # empty again at 0.1: its totals stay what they were
-    assert q.held_report(5.0) == HeldReport({}, None, 300.0, 0.1)
 
 
 def test_a_peers_critical_head_short_of_slack_stops_our_lower_classes_even_when_urgent() -> None:
     """The one-router rule (nothing before a critical head with < 2 x urgent_s of slack) across
     routers: the peer's last start is the delivery time plus the slack it sent."""
     q = AdmissionQueue(cfg())
-    draining(q, "router-1", {})                 # a peer that drains as predicted (the drain is not the point)
     held(q, "standard", "d")                    # last start 1.9: urgent from 1.7
     q.on_peer_held("router-1", HeldReport({"critical": 500.0}, critical_slack_s=1.0), 1.0)  # last start 2.0
     assert q.candidates(1.5) == []              # not urgent, and a peer holds a higher class

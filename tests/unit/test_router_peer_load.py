@@ -242,8 +242,7 @@ async def test_a_failing_tick_is_logged_and_the_next_one_publishes():
 # ---------------------------------------------------------------------------- admission queues
 
 def test_what_the_queues_hold_goes_through_the_record():
-    held = {POOL: HeldReport({"critical": 1500.0, "sheddable": 20.0}, 0.25, 12_000.0, 0.75),
-            "other": HeldReport({"standard": 1.0})}
+    held = {POOL: HeldReport({"critical": 1500.0, "sheddable": 20.0}, 0.25), "other": HeldReport({"standard": 1.0})}
     rec = RouterLoad.FromString(load_record("r0", 0.0, {POOL: PeerReport({}, ())}, held=held).SerializeToString())
     assert held_reports(rec) == held
     assert set(peer_reports(rec)) == {POOL, "other"}     # a pool that only holds is still a pool of the record
@@ -257,48 +256,6 @@ def test_garbage_held_tokens_refuse_the_record(held):
     rec.pools[POOL].held.tokens.update(held)
     with pytest.raises(ValueError):
         held_reports(rec)
-
-
-@pytest.mark.parametrize("drain", [{"served_tokens": -1.0, "held_s": 1.0}, {"served_tokens": 5.0},
-                                   {"served_tokens": 5.0, "held_s": math.nan}], ids=["negative", "half", "nan"])
-def test_garbage_drain_figures_refuse_the_record(drain):
-    rec = load_record("r0", 0.0, {}, held={POOL: HeldReport({"standard": 1.0})})
-    for k, v in drain.items():
-        setattr(rec.pools[POOL].held, k, v)
-    with pytest.raises(ValueError):
-        held_reports(rec)
-
-
-class _SteadyFake:
-    """A policy with the same load on one replica at every report."""
-
-    def take_report(self) -> PeerReport:
-        return PeerReport({"a": ReplicaLoadReport(waiting=1)}, ())
-
-
-async def test_a_peer_that_stops_holding_is_not_a_peer_that_is_gone():
-    """A pool still in the peer's record with nothing held comes as an empty report (the queue
-    keeps the peer's drain figures, which only decay now); a record that goes comes as None."""
-    store = InMemoryStore()
-    keeper, ktask = await _leased(store)
-    queue: dict[str, HeldReport] = {POOL: HeldReport({"standard": 800.0}, None, 900.0, 0.5)}
-    pub = LoadPublisher(store, keeper, "r0", lambda: {POOL: _SteadyFake()}, held=lambda: queue)
-    seen: list[tuple[str, str, HeldReport | None]] = []
-    watcher = PeerLoadWatcher(store, "r1", lambda pool: TidegatePolicy(), dict,
-                              on_held=lambda peer, pool, r: seen.append((peer, pool, r)))
-    wtask = asyncio.create_task(watcher.run())
-    try:
-        assert await pub.publish_once()
-        await until(lambda: seen[-1:] == [("r0", POOL, HeldReport({"standard": 800.0}, None, 900.0, 0.5))])
-        queue.clear()
-        assert await pub.publish_once()
-        await until(lambda: seen[-1] == ("r0", POOL, HeldReport({})))
-        await store.delete(keys.router_load("r0"))
-        await until(lambda: seen[-1] == ("r0", POOL, None))
-    finally:
-        for t in (wtask, ktask):
-            t.cancel()
-        await asyncio.gather(wtask, ktask, return_exceptions=True)
 
 
 async def test_the_publisher_writes_when_the_queue_changes_and_the_watcher_hands_it_on():

@@ -26,8 +26,7 @@ prefill budget (what one step may carry within the TPOT target: TPOT protection)
                    is measured to drain while requests wait (served: tokens dispatched while
                    something was held; held_s: the time something was; both decayed over the TTFT
                    target), the prediction a prior worth 0.1 s (it counts only prefill, while the
-                   engines' steps also carry the decodes, so it overstates the drain under load);
-                   with peers, the prior is the drain pooled over the routers ("Pooled drain")
+                   engines' steps also carry the decodes, so it overstates the drain under load)
     ahead_k      = prefill tokens queued here of class k, before the request; for k > c (a higher
                    class) plus what the largest peer holds of the classes above c beyond this
                    router's own (`_peer_ahead`: c does not go while a peer holds them, see "Class
@@ -142,26 +141,9 @@ when a peer's presence ends), and
   slack sent), only this router's own critical head may go. Without it, urgent lower-class
   heads at the other routers took the capacity (Azure conversation at 2x capacity, 4 routers:
   critical 93.0 % against 99.7 % with one router; with it 99.1 %).
-Pooled drain. With n routers each one drains its queue at about a 1/n share of the pool, and
-measured on its own dispatches alone that share rests on a 1/n share of the evidence. Each router
-therefore reports, with its held tokens (`held_report`), its totals since it started: prefill
-tokens dispatched while it held requests and seconds it held some. A receiver adds what each
-report adds to them, decayed over the horizon from its arrival (`_PeerDrain`), and the pooled
-drain sums the routers' figures: tokens dispatched per second of some router's holding, the
-prediction as its prior split n ways. The pooled drain is then the prior, worth 0.1 s, of the
-drain this router measures on its own dispatches (where the prediction was): the pool's figure
-decides while this router has little evidence of its own (the start of a burst), its own once it
-has. Totals, not decayed figures, so that an idle router's record does not change and costs no
-write; a router whose totals go back (a restart) starts anew, and its past before this router
-heard it is not counted. One router: unchanged to the digit. Measured at 1.5x capacity, 4
-routers (docs/BENCHMARKS.md, "Pooled drain"): Azure conversation `standard` 1.6 points under one
-router on average over seeds 0-5 (at worst 2.8), 0.0 with it (at worst 1.0); Mooncake's gap
-over 16 seeds unchanged within their spread (1.86 -> 2.00 points). Summing the routers' figures
-outright, without the router's own evidence first, closed conversation's gap as well but
-widened Mooncake's to 2.4 (one seed's `critical` 98.6 %).
-The other wait estimates stay this router's own, except that a request's wait at arrival counts
-the higher classes its peers hold beyond this router's own (ahead_k above): the gate keeps it
-back until they go, and
+The wait estimates stay this router's own (its drain is measured on its own dispatches, which
+the gate already slows), except that a request's wait at arrival counts the higher classes its
+peers hold beyond this router's own (ahead_k above): the gate keeps it back until they go, and
 without them the prediction was half a second short at the start of a burst, so requests were
 held that could only go late (Azure conversation at 1.5x capacity, 4 routers, seed 1: 174
 standard requests served past their deadline, 2 with it; standard 84.2 -> 86.5 %;
@@ -421,11 +403,6 @@ class HeldReport:
 
     tokens: Mapping[str, float]             # prefill tokens held per class; classes holding none left out
     critical_slack_s: float | None = None   # its critical head's last start - now at the report (None: none)
-    # Its measured drain (see "Pooled drain"): prefill tokens it dispatched while it held requests
-    # and the seconds it held some, both totals since it started (never decayed, so a record that
-    # holds nothing stays the same and is not rewritten). None: it never held any.
-    served_tokens: float | None = None
-    held_s: float | None = None
 
     def __post_init__(self) -> None:
         for c, t in self.tokens.items():
@@ -433,11 +410,6 @@ class HeldReport:
                 raise ValueError(f"admission: held tokens want a class and a finite value > 0, got {c!r}={t!r}")
         if self.critical_slack_s is not None and not math.isfinite(self.critical_slack_s):
             raise ValueError(f"admission: critical_slack_s must be finite, got {self.critical_slack_s!r}")
-        if (self.served_tokens is None) != (self.held_s is None):
-            raise ValueError("admission: served_tokens and held_s come together")
-        for name, v in (("served_tokens", self.served_tokens), ("held_s", self.held_s)):
-            if v is not None and not (v >= 0 and math.isfinite(v)):
-                raise ValueError(f"admission: {name} must be finite and >= 0, got {v!r}")
 
 
 @dataclass(slots=True)
@@ -461,29 +433,6 @@ def class_rank(cls: str) -> int:
     return _RANK[cls]
 
 
-@dataclass(slots=True)
-class _PeerDrain:
-    """A peer's drain as this router rebuilds it from the peer's totals: what each report adds to
-    them, decayed over the horizon from its arrival here (so a report that is late or lost only
-    shifts when its part counts), as the peer decays its own."""
-
-    at: float                        # when `served` and `held_s` were last decayed
-    served: float = 0.0
-    held_s: float = 0.0
-    served_total: float | None = None  # the totals of its latest report (None: none yet)
-    held_total_s: float = 0.0
-
-    def add(self, served_total: float, held_total_s: float, now: float, horizon_s: float) -> None:
-        if self.served_total is not None and served_total >= self.served_total and held_total_s >= self.held_total_s:
-            keep = math.exp(-max(0.0, now - self.at) / horizon_s)
-            self.served = self.served * keep + (served_total - self.served_total)
-            self.held_s = self.held_s * keep + (held_total_s - self.held_total_s)
-            self.at = max(self.at, now)
-        # else its first report (its past before this router heard it is not counted) or totals
-        # that went back (it restarted): they start anew from here
-        self.served_total, self.held_total_s = served_total, held_total_s
-
-
 class AdmissionQueue:
     """The router's held requests (one queue per pool), in class order, FIFO within a class."""
 
@@ -498,8 +447,6 @@ class AdmissionQueue:
         # time held requests waited, both decayed over the horizon (see _service_rate).
         self._served = 0.0
         self._backlogged_s = 0.0
-        self._served_total = 0.0     # the same, never decayed: what held_report tells the peers
-        self._held_total_s = 0.0
         self._served_at: float | None = None
         self._arriving: dict[str, float] = dict.fromkeys(CLASSES, 0.0)  # admitted prefill tokens/s
         self._arrived_s: float | None = None
@@ -523,8 +470,6 @@ class AdmissionQueue:
         self.ttft_margin = 0.0
         # Per peer router: the prefill tokens it holds per class, from its latest report.
         self._peer_held: dict[str, dict[str, float]] = {}
-        # Per peer that reported: its drain as rebuilt from its totals (see "Pooled drain").
-        self._peer_drain: dict[str, _PeerDrain] = {}
         # Per peer router holding critical requests: its critical head's last start, in our clock.
         self._peer_critical: dict[str, float] = {}
         # Per class: when a request of it was last refused for want of capacity (see "Higher
@@ -560,13 +505,8 @@ class AdmissionQueue:
     def held_report(self, now: float) -> HeldReport:
         """What this router tells its peers about its queue (see "Class order across routers")."""
         crit = self._q[CRITICAL]
-        held_s = self._held_total_s
-        if self._keys and self._served_at is not None:
-            held_s += max(0.0, now - self._served_at)
-        ever = self._keys or held_s > 0 or self._served_total > 0
-        drain = (self._served_total, held_s) if ever else (None, None)
         return HeldReport({c: self._tokens[c] for c in CLASSES if self._q[c] and self._tokens[c] > 0},
-                          self._last_start(crit[0]) - now if crit else None, *drain)
+                          self._last_start(crit[0]) - now if crit else None)
 
     def on_peer_held(self, peer: str, report: HeldReport, now: float) -> None:
         """A peer router's latest `held_report`, received at `now` (replaces its previous one)."""
@@ -578,17 +518,11 @@ class AdmissionQueue:
             self._peer_critical.pop(peer, None)
         else:
             self._peer_critical[peer] = now + report.critical_slack_s
-        d = self._peer_drain.get(peer)
-        if d is None:
-            d = self._peer_drain[peer] = _PeerDrain(at=now)
-        if report.served_tokens is not None and report.held_s is not None:
-            d.add(report.served_tokens, report.held_s, now, self._horizon_s)
 
     def forget_peer(self, peer: str) -> None:
         """A peer is gone (its presence expired): what it held no longer holds ours back."""
         self._peer_held.pop(peer, None)
         self._peer_critical.pop(peer, None)
-        self._peer_drain.pop(peer, None)
 
     def _peer_holds_above(self, rank: int) -> bool:
         """Whether some peer holds a class served before class rank `rank`."""
@@ -613,8 +547,6 @@ class AdmissionQueue:
             dt = now - self._served_at
             keep = math.exp(-dt / self._horizon_s)
             self._served *= keep
-            if self._keys:
-                self._held_total_s += dt
             # time held, decayed continuously over the interval: integral of exp(-(now - t) / H)
             held = self._horizon_s * (1.0 - keep) if self._keys else 0.0
             self._backlogged_s = self._backlogged_s * keep + held
@@ -623,30 +555,12 @@ class AdmissionQueue:
     def _dispatched(self, tokens: float) -> None:
         if self._keys:  # capacity-limited: something waits
             self._served += max(0.0, tokens)
-            self._served_total += max(0.0, tokens)
-
-    def measured_drain_tps(self) -> float:
-        """The prefill tokens/s this router's queue is measured to drain (`drain` in the module
-        doc), as of its latest call."""
-        return self._service_rate()
 
     def _service_rate(self) -> float:
         """The pool's drain as measured while requests waited, with the predicted drain as a prior
         worth SERVICE_PRIOR_S of observation: the prediction alone counts only prefill, while the
-        engines' steps also carry the decodes, so it overstates what leaves the queue under load.
-        With peers, the prior is the drain pooled over every router's figures ("Pooled drain"),
-        itself with the prediction as its prior, split among the routers."""
-        prior = self._rate
-        if self._peer_drain:
-            served, held_s = self._served, self._backlogged_s
-            at = self._served_at or 0.0
-            for d in self._peer_drain.values():
-                keep = math.exp(-max(0.0, at - d.at) / self._horizon_s)
-                served += d.served * keep
-                held_s += d.held_s * keep
-            n = 1 + len(self._peer_drain)
-            prior = (served + self._rate * SERVICE_PRIOR_S) / (held_s + n * SERVICE_PRIOR_S)
-        return (self._served + prior * SERVICE_PRIOR_S) / (self._backlogged_s + SERVICE_PRIOR_S)
+        engines' steps also carry the decodes, so it overstates what leaves the queue under load."""
+        return (self._served + self._rate * SERVICE_PRIOR_S) / (self._backlogged_s + SERVICE_PRIOR_S)
 
     def _wait_s(self, tokens: float, above: int = 0, shorter_tps: float = 0.0) -> float:
         """Time to drain `tokens` ahead when the classes ranked before `above` keep arriving, and

@@ -352,7 +352,7 @@ class PoolLoad(_message.Message):
     def __init__(self, replicas: _Optional[_Mapping[str, ReplicaLoad]] = ..., learned: _Optional[_Iterable[_Union[LearnedBlocks, _Mapping]]] = ..., held: _Optional[_Union[HeldLoad, _Mapping]] = ..., released: _Optional[_Iterable[_Union[ReleasedBlocks, _Mapping]]] = ...) -> None: ...
 
 class HeldLoad(_message.Message):
-    __slots__ = ("tokens", "critical_slack_s", "served_tokens", "held_s")
+    __slots__ = ("tokens", "critical_slack_s")
     class TokensEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -362,13 +362,9 @@ class HeldLoad(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     CRITICAL_SLACK_S_FIELD_NUMBER: _ClassVar[int]
-    SERVED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    HELD_S_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.ScalarMap[str, float]
     critical_slack_s: float
-    served_tokens: float
-    held_s: float
-    def __init__(self, tokens: _Optional[_Mapping[str, float]] = ..., critical_slack_s: _Optional[float] = ..., served_tokens: _Optional[float] = ..., held_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, tokens: _Optional[_Mapping[str, float]] = ..., critical_slack_s: _Optional[float] = ...) -> None: ...
 
 class ReplicaLoad(_message.Message):
     __slots__ = ("queued_prefill", "waiting", "decoding", "kv", "placed_s", "budgets")
