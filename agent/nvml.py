@@ -195,6 +195,10 @@ class NvmlReader:
                 xids.append(int(data.eventData))
         return xids
 
+    def xid_event_support(self) -> dict[int, bool]:
+        """Per GPU index read so far: whether its Xid event registration succeeded."""
+        return {i: s is not _UNSUPPORTED for i, s in self._event_sets.items()}
+
     @staticmethod
     def _free_event_set(nv: Any, event_set: Any) -> None:
         try:

@@ -220,6 +220,11 @@ async def test_hello_reports_and_reconnect_after_server_restart(engine: FakeEngi
             assert not second.simulated_gpu
             if not second.gpu_telemetry_available:
                 assert second.gpu_telemetry_error and len(second.gpus) == 0
+            else:  # a machine with a driver: GPU 0's real readings travel (hello asked for index 0)
+                assert [g.index for g in second.gpus] == [0]
+                g = second.gpus[0]
+                assert g.uuid.startswith("GPU-") and g.name and not g.lost
+                assert 0 < g.memory_used_bytes <= g.memory_total_bytes
 
             # The control plane goes away and comes back on the same port.
             await server.stop(None)

@@ -262,8 +262,11 @@ def test_real_pynvml() -> None:
     try:
         if _has_driver():
             assert t.available and t.error == ""
+            assert t.gpus
             for g in t.gpus:
                 assert g.memory_total_bytes > 0 and not g.lost
+                assert 0 < g.memory_used_bytes <= g.memory_total_bytes  # the driver holds some
+                assert g.uuid.startswith("GPU-") and g.name
         else:
             assert not t.available
             assert t.error  # e.g. "NVMLError_LibraryNotFound: NVML Shared Library Not Found"
@@ -294,6 +297,7 @@ def test_xid_events_are_reported_once_per_device() -> None:
     assert [g.xid_events for g in reader.read().gpus] == [[79, 48], [94]]
     assert [g.xid_events for g in reader.read().gpus] == [[], []]  # drained: not reported twice
     assert nv.register_calls == 2  # once per device, not once per read
+    assert reader.xid_event_support() == {0: True, 1: True}
     reader.close()
     assert all(s.freed for s in nv.event_sets) and nv.shutdown_calls == 1
 
@@ -317,6 +321,7 @@ def test_events_not_supported_is_tolerated_and_not_retried() -> None:
         assert g.xid_events == [] and g.error == "" and g.memory_total_bytes == 80 * 2**30
     assert nv.register_calls == 1
     assert nv.event_sets[0].freed  # the unused set is released at once
+    assert reader.xid_event_support() == {0: False}
 
 
 def test_lost_before_registration_registers_later() -> None:
