@@ -14,12 +14,17 @@ seen (NVML does not replay them). A device or driver that does not support event
 and not asked again; its `xid_events` stay empty.
 
 Blocking calls: run `read` in a thread (`asyncio.to_thread`), or `await aread(...)`, which does.
+One lock serialises `read` and `close`: a cancelled `aread` leaves its thread running, and a
+`close` (nvmlEventSetFree, nvmlShutdown) under a read in flight would free what the read is
+using (a process on a real H200 once died of a segmentation fault in these tests; this was the
+one unsynchronised path); two reads at once would also register a device's event set twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -71,6 +76,7 @@ class NvmlReader:
         self._init_error: str | None = None
         self._initialised = False
         self._event_sets: dict[int, Any] = {}  # index -> its Xid event set, or _UNSUPPORTED
+        self._lock = threading.Lock()  # read and close, see the module's docstring
 
     async def aread(self, indices: Sequence[int] = ()) -> GpuTelemetry:
         return await asyncio.to_thread(self.read, indices)
@@ -98,6 +104,10 @@ class NvmlReader:
         return None
 
     def read(self, indices: Sequence[int] = ()) -> GpuTelemetry:
+        with self._lock:
+            return self._read(indices)
+
+    def _read(self, indices: Sequence[int]) -> GpuTelemetry:
         err = self._ensure_init()
         if err is not None:
             return GpuTelemetry(available=False, error=err)
@@ -207,6 +217,10 @@ class NvmlReader:
             pass
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._initialised:
             nv = self._module()
             for event_set in self._event_sets.values():

@@ -12,7 +12,7 @@ tidegate up --replicas 2 --report-interval-s 0.5 --run-dir "$run_dir" > "$out/up
 up=$!
 trap 'kill -INT $up 2>/dev/null; wait $up 2>/dev/null' EXIT
 for _ in $(seq 120); do grep -q "fleet is up" "$out/up.txt" && break; sleep 0.5; done
-grep -q "fleet is up" "$out/up.txt" || { echo "fleet did not come up"; cat "$out/up.txt"; tail -20 "$run_dir"/*.log; exit 1; }
+grep -q "fleet is up" "$out/up.txt" || { echo "fleet did not come up"; cat "$out/up.txt"; tail -n 20 "$run_dir"/*.log; exit 1; }
 sleep 2  # a few reports
 tidegate get replicas | tee "$out/replicas-idle.txt"
 tidegate describe replica replica-0 -o json > "$out/describe.json"

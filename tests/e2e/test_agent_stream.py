@@ -329,7 +329,7 @@ async def test_unreachable_engine_still_reports() -> None:
 
 
 AGENT_MAIN = (
-    "import argparse, sys, agent.main as m; p = argparse.ArgumentParser(); m.configure_parser(p); "
+    "import argparse, sys, tidegate.agent.main as m; p = argparse.ArgumentParser(); m.configure_parser(p); "
     "sys.exit(m.run(p.parse_args(sys.argv[1:])))"
 )
 

@@ -6,6 +6,7 @@ Also agent.simgpu.SimulatedGpuReader against a real aiohttp server on 127.0.0.1.
 from __future__ import annotations
 
 import socket
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -14,7 +15,7 @@ import pynvml
 import pytest
 from aiohttp import web
 
-from tidegate.agent.nvml import GpuStat, NvmlReader
+from tidegate.agent.nvml import GpuStat, GpuTelemetry, NvmlReader
 from tidegate.agent.simgpu import SimulatedGpuReader
 
 
@@ -419,3 +420,40 @@ async def test_sim_reader_unreachable_engine() -> None:
     async with aiohttp.ClientSession() as session:
         t = await SimulatedGpuReader(f"http://127.0.0.1:{port}", session, timeout_s=2.0).aread()
     assert not t.available and "simulated GPU" in t.error and "ClientConnectorError" in t.error
+
+
+# ------------------------------------------------------------------ threads
+
+
+def test_close_waits_for_a_read_in_flight() -> None:
+    """A cancelled `aread` leaves its worker thread reading; `close` must not free the event sets
+    or shut NVML down under it (on a real driver that is a segmentation fault)."""
+    inside, release = threading.Event(), threading.Event()
+
+    class SlowMemory(FakeNvml):
+        slow = False
+
+        def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> FakeMem:
+            if self.slow:
+                inside.set()
+                assert release.wait(5)
+            return super().nvmlDeviceGetMemoryInfo(h)
+
+    nv = SlowMemory([FakeGpu("GPU-a", "x")])
+    reader = NvmlReader(nv)
+    reader.read()  # registers the event set; the next read blocks in the memory query
+    nv.slow = True
+    readings: list[GpuTelemetry] = []
+    reading = threading.Thread(target=lambda: readings.append(reader.read()))
+    reading.start()
+    assert inside.wait(5)
+    closing = threading.Thread(target=reader.close)
+    closing.start()
+    closing.join(0.2)
+    assert closing.is_alive()  # waiting for the read
+    assert nv.shutdown_calls == 0 and not nv.event_sets[0].freed
+    release.set()
+    reading.join(5)
+    closing.join(5)
+    assert readings[0].available and readings[0].gpus[0].error == ""
+    assert nv.shutdown_calls == 1 and nv.event_sets[0].freed
