@@ -73,6 +73,7 @@ class Collector:
         self._gpu = gpu_reader
         self._gpu_indices = tuple(gpu_indices)
         self._timeout = aiohttp.ClientTimeout(total=scrape_timeout_s)
+        self._gpu_timeout_s = scrape_timeout_s
         self._window_s = window_s
         self._clock = clock
         self._wallclock = wallclock
@@ -113,10 +114,14 @@ class Collector:
     async def _read_gpus(self) -> GpuTelemetry:
         if self._gpu is None:
             return GpuTelemetry(available=False, error="GPU telemetry disabled")
+        source = "simulated GPU" if self._gpu.simulated else "NVML"
         try:
-            return await self._gpu.aread(self._gpu_indices)
+            # Bounded: a hung driver must not hold back the engine's figures (a report waits for
+            # all three reads). NVML's thread runs on; the reader answers "busy" until it returns.
+            return await asyncio.wait_for(self._gpu.aread(self._gpu_indices), self._gpu_timeout_s)
+        except TimeoutError:
+            return GpuTelemetry(available=False, error=f"{source} read timed out after {self._gpu_timeout_s:g} s")
         except Exception as exc:  # a driver bug must not stop the reports
-            source = "simulated GPU" if self._gpu.simulated else "NVML"
             return GpuTelemetry(available=False, error=f"{source} read failed: {type(exc).__name__}: {exc}")
 
     async def collect(self) -> telemetry_pb2.Report:

@@ -59,7 +59,7 @@ class AgentConfig(ConfigBase):
         "", description=f"File holding this agent's telemetry token (sent as 'authorization: Bearer' "
         f"metadata; the control plane binds it to replica ids). Else the token comes from ${TOKEN_ENV}.")
     report_interval_s: float = Field(1.0, gt=0, description="Seconds between reports.")
-    scrape_timeout_s: float = Field(2.0, gt=0, description="Timeout of each engine poll, seconds.")
+    scrape_timeout_s: float = Field(2.0, gt=0, description="Timeout of each engine poll and GPU read, seconds.")
     latency_window_s: float = Field(
         30.0, gt=0, description="Window of the TTFT/ITL/E2E percentiles, seconds."
     )
@@ -226,8 +226,8 @@ async def serve(cfg: AgentConfig, stop: asyncio.Event | None = None, *, token: s
             )
             await client.run(stop)
     finally:
-        if nvml is not None:
-            await asyncio.to_thread(nvml.close)
+        if nvml is not None and not await asyncio.to_thread(nvml.close):
+            log.warning("nvml_not_shut_down", reason="a read is still inside NVML (hung GPU or driver?)")
         if http_server is not None:
             http_server.shutdown()
         log.info("agent_stopped", replica_id=cfg.replica_id)

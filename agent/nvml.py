@@ -13,11 +13,18 @@ NVML answers NVML_ERROR_TIMEOUT, and reports each event's `eventData` (the Xid c
 seen (NVML does not replay them). A device or driver that does not support events is remembered
 and not asked again; its `xid_events` stay empty.
 
-Blocking calls: run `read` in a thread (`asyncio.to_thread`), or `await aread(...)`, which does.
+Blocking calls: run `read` in a thread, or `await aread(...)`, which does (a daemon thread).
 One lock serialises `read` and `close`: a cancelled `aread` leaves its thread running, and a
 `close` (nvmlEventSetFree, nvmlShutdown) under a read in flight would free what the read is
 using (a process on a real H200 once died of a segmentation fault in these tests; this was the
 one unsynchronised path); two reads at once would also register a device's event set twice.
+
+A wedged GPU or driver can make an NVML call hang for minutes. The lock is therefore taken with
+a bound: a read that finds the previous one still inside NVML after `busy_timeout_s` reports
+`available=False` ("NVML busy") at once instead of queueing one more thread behind it, and
+`close` gives up after `close_timeout_s` without shutting NVML down (the process is exiting;
+the driver cleans up after it), so SIGTERM still ends the agent. The collector bounds `aread`
+too (agent.collector), so the engine's figures keep flowing while NVML hangs.
 """
 
 from __future__ import annotations
@@ -71,15 +78,42 @@ class NvmlReader:
 
     simulated = False  # agent.collector.GpuSource
 
-    def __init__(self, nvml: ModuleType | Any | None = None) -> None:
+    def __init__(self, nvml: ModuleType | Any | None = None, busy_timeout_s: float = 1.0,
+                 close_timeout_s: float = 5.0) -> None:
         self._nvml = nvml
+        self._busy_timeout_s = busy_timeout_s
+        self._close_timeout_s = close_timeout_s
         self._init_error: str | None = None
         self._initialised = False
         self._event_sets: dict[int, Any] = {}  # index -> its Xid event set, or _UNSUPPORTED
         self._lock = threading.Lock()  # read and close, see the module's docstring
 
     async def aread(self, indices: Sequence[int] = ()) -> GpuTelemetry:
-        return await asyncio.to_thread(self.read, indices)
+        """`read` in a daemon thread of its own, not the loop's executor: a read hung in the driver
+        would otherwise keep the process from exiting (the executor's threads are joined at exit)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[GpuTelemetry] = loop.create_future()
+
+        def settle(result: GpuTelemetry | None, exc: BaseException | None) -> None:
+            if done.done():  # the awaiting task was cancelled (the collector's bound)
+                return
+            if exc is not None:
+                done.set_exception(exc)
+            else:
+                done.set_result(result)  # type: ignore[arg-type]
+
+        def work() -> None:
+            try:
+                result, exc = self.read(indices), None
+            except Exception as e:  # handed to the awaiting task, as to_thread would
+                result, exc = None, e
+            try:
+                loop.call_soon_threadsafe(settle, result, exc)
+            except RuntimeError:  # the loop closed while NVML answered
+                pass
+
+        threading.Thread(target=work, name="nvml-read", daemon=True).start()
+        return await done
 
     def _module(self) -> Any:
         if self._nvml is None:
@@ -104,8 +138,13 @@ class NvmlReader:
         return None
 
     def read(self, indices: Sequence[int] = ()) -> GpuTelemetry:
-        with self._lock:
+        if not self._lock.acquire(timeout=self._busy_timeout_s):
+            return GpuTelemetry(available=False, error="NVML busy: the previous read has not returned "
+                                f"after {self._busy_timeout_s:g} s (hung GPU or driver?)")
+        try:
             return self._read(indices)
+        finally:
+            self._lock.release()
 
     def _read(self, indices: Sequence[int]) -> GpuTelemetry:
         err = self._ensure_init()
@@ -216,9 +255,16 @@ class NvmlReader:
         except nv.NVMLError:
             pass
 
-    def close(self) -> None:
-        with self._lock:
+    def close(self) -> bool:
+        """Frees the event sets and shuts NVML down; False when a read still inside NVML kept it
+        from doing so within `close_timeout_s` (then nothing is freed: see the module docstring)."""
+        if not self._lock.acquire(timeout=self._close_timeout_s):
+            return False
+        try:
             self._close()
+        finally:
+            self._lock.release()
+        return True
 
     def _close(self) -> None:
         if self._initialised:

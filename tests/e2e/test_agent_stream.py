@@ -25,7 +25,7 @@ from structlog.testing import capture_logs
 
 from tidegate.agent.collector import Collector
 from tidegate.agent.metrics import AgentMetrics
-from tidegate.agent.nvml import NvmlReader
+from tidegate.agent.nvml import GpuTelemetry, NvmlReader
 from tidegate.agent.stream import HelloInfo, StreamClient
 from tidegate.v1 import records_pb2, telemetry_pb2, telemetry_pb2_grpc
 
@@ -366,3 +366,22 @@ async def test_process_serves_metrics_and_exits_0_on_sigterm(engine: FakeEngine)
             proc.kill()
             await proc.wait()
         await server.stop(None)
+
+
+class HungGpu:
+    """A GPU source whose read never returns (a wedged driver)."""
+
+    simulated = False
+
+    async def aread(self, indices: tuple[int, ...] = ()) -> GpuTelemetry:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_hung_gpu_read_does_not_hold_back_the_engine_figures(engine: FakeEngine) -> None:
+    async with aiohttp.ClientSession() as session:
+        collector = Collector(engine.url, session, model=MODEL, gpu_reader=HungGpu(), scrape_timeout_s=0.3)
+        report = await asyncio.wait_for(collector.collect(), 5)
+    assert report.engine.healthy and report.engine.num_requests_running == 7
+    assert not report.gpu_telemetry_available and len(report.gpus) == 0
+    assert report.gpu_telemetry_error == "NVML read timed out after 0.3 s"

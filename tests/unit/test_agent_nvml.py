@@ -6,6 +6,8 @@ Also agent.simgpu.SimulatedGpuReader against a real aiohttp server on 127.0.0.1.
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -457,3 +459,81 @@ def test_close_waits_for_a_read_in_flight() -> None:
     closing.join(5)
     assert readings[0].available and readings[0].gpus[0].error == ""
     assert nv.shutdown_calls == 1 and nv.event_sets[0].freed
+
+
+class HangingMemory(FakeNvml):
+    """A wedged driver: the memory query blocks until `release` is set (the test's teardown)."""
+
+    def __init__(self, gpus: list[FakeGpu]) -> None:
+        super().__init__(gpus)
+        self.hang, self.inside, self.release = False, threading.Event(), threading.Event()
+
+    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> FakeMem:
+        if self.hang:
+            self.inside.set()
+            self.release.wait(30)
+        return super().nvmlDeviceGetMemoryInfo(h)
+
+
+def test_a_read_behind_a_hung_one_answers_busy_and_close_gives_up() -> None:
+    nv = HangingMemory([FakeGpu("GPU-a", "x")])
+    reader = NvmlReader(nv, busy_timeout_s=0.05, close_timeout_s=0.05)
+    reader.read()
+    nv.hang = True
+    stuck = threading.Thread(target=reader.read, daemon=True)
+    stuck.start()
+    try:
+        assert nv.inside.wait(5)
+        t = reader.read()
+        assert not t.available and t.gpus == () and "NVML busy" in t.error
+        assert reader.close() is False  # not under the hung read: nothing freed, no shutdown
+        assert nv.shutdown_calls == 0 and not nv.event_sets[0].freed
+    finally:
+        nv.hang = False
+        nv.release.set()
+        stuck.join(5)
+    assert reader.read().available  # the driver answered: reads work again
+    assert reader.close() is True and nv.shutdown_calls == 1
+
+
+async def test_aread_hands_back_results_and_errors() -> None:
+    reader = NvmlReader(FakeNvml([FakeGpu("GPU-a", "x")]))
+    assert (await reader.aread()).gpus[0].uuid == "GPU-a"
+
+    class Broken(FakeNvml):
+        def nvmlDeviceGetCount(self) -> int:
+            raise RuntimeError("driver bug")
+
+    with pytest.raises(RuntimeError, match="driver bug"):
+        await NvmlReader(Broken([])).aread()
+
+
+HUNG_EXIT = """
+import asyncio, threading
+from tidegate.agent.nvml import NvmlReader
+
+class Hung:
+    class NVMLError(Exception):
+        pass
+    def nvmlInit(self):
+        pass
+    def nvmlDeviceGetCount(self):
+        threading.Event().wait()  # never returns
+
+async def main():
+    try:
+        await asyncio.wait_for(NvmlReader(Hung()).aread(), 0.2)
+    except TimeoutError:
+        print("timed out", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_hung_read_does_not_keep_the_process_from_exiting(tmp_path) -> None:
+    """The read runs in a daemon thread of its own: asyncio.run's executor shutdown and the
+    interpreter's exit would wait forever for a thread of the loop's executor stuck in NVML."""
+    out = subprocess.run([sys.executable, "-c", HUNG_EXIT], capture_output=True, text=True, timeout=30,
+                         cwd=tmp_path)  # the installed package, not the source tree's folders
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "timed out"
