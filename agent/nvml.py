@@ -20,8 +20,9 @@ using (a process on a real H200 once died of a segmentation fault in these tests
 one unsynchronised path); two reads at once would also register a device's event set twice.
 
 A wedged GPU or driver can make an NVML call hang for minutes. The lock is therefore taken with
-a bound: a read that finds the previous one still inside NVML after `busy_timeout_s` reports
-`available=False` ("NVML busy") at once instead of queueing one more thread behind it, and
+a bound: a read that finds the previous one still inside NVML after `busy_timeout_s` (a read
+takes ~0.5 ms on an H200, so the lock is never held that long but by a hung call) reports
+`available=False` ("NVML busy") instead of queueing one more thread behind it, and
 `close` gives up after `close_timeout_s` without shutting NVML down (the process is exiting;
 the driver cleans up after it), so SIGTERM still ends the agent. The collector bounds `aread`
 too (agent.collector), so the engine's figures keep flowing while NVML hangs.
@@ -78,7 +79,7 @@ class NvmlReader:
 
     simulated = False  # agent.collector.GpuSource
 
-    def __init__(self, nvml: ModuleType | Any | None = None, busy_timeout_s: float = 1.0,
+    def __init__(self, nvml: ModuleType | Any | None = None, busy_timeout_s: float = 0.1,
                  close_timeout_s: float = 5.0) -> None:
         self._nvml = nvml
         self._busy_timeout_s = busy_timeout_s
