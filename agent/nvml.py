@@ -51,12 +51,15 @@ class GpuStat:
     utilization_pct: float = 0.0
     ecc_uncorrected_volatile: int = 0
     ecc_corrected_volatile: int = 0
-    retired_pages_pending: int = 0   # 1 when the driver has page retirements pending a reset
+    # 1 when a page retirement (before Ampere) or a row remapping (Ampere and later) waits for a
+    # GPU reset to take effect
+    retired_pages_pending: int = 0
     lost: bool = False
     error: str = ""
     temperature_c: float = 0.0
     power_w: float = 0.0
     xid_events: list[int] = field(default_factory=list)  # critical Xid codes since the previous read
+    row_remap_failed: bool = False   # the driver could not remap a row (Ampere and later)
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,13 @@ class NvmlReader:
             stat.ecc_corrected_volatile = int(cor or 0)
             pending = call(nv.nvmlDeviceGetRetiredPagesPendingStatus, handle)
             stat.retired_pages_pending = 1 if pending == nv.NVML_FEATURE_ENABLED else 0
+            # Ampere and later replace page retirement with row remapping (NotSupported before):
+            # (correctable rows, uncorrectable rows, remap pending a reset, remap failed).
+            remap = call(nv.nvmlDeviceGetRemappedRows, handle)
+            if remap is not None:
+                _, _, remap_pending, remap_failed = remap
+                stat.retired_pages_pending = 1 if stat.retired_pages_pending or remap_pending else 0
+                stat.row_remap_failed = bool(remap_failed)
             temp = call(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU)
             stat.temperature_c = float(temp or 0.0)
             power_mw = call(nv.nvmlDeviceGetPowerUsage, handle)

@@ -46,7 +46,8 @@ def parse_sim_gpu(body: Any) -> tuple[GpuStat, ...]:
         if not isinstance(g, dict):
             raise SimGpuFormatError("each GPU must be an object")
         stat = GpuStat(index=_int(g.get("index"), "index"), uuid=str(g.get("uuid", "")),
-                       name=str(g.get("name", "")), lost=g.get("lost") is True, error=str(g.get("error", "")))
+                       name=str(g.get("name", "")), lost=g.get("lost") is True, error=str(g.get("error", "")),
+                       row_remap_failed=g.get("row_remap_failed") is True)
         for key in _INT_FIELDS:
             setattr(stat, key, _int(g.get(key, 0), key))
         for key in _FLOAT_FIELDS:

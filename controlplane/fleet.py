@@ -42,6 +42,7 @@ class CleanStats:
     xid_events: tuple[int, ...] = ()
     ecc_uncorrected: int = 0
     gpu_lost: bool = False
+    row_remap_failed: bool = False
     oom: bool = False
     flags: tuple[str, ...] = ()
 
@@ -111,7 +112,7 @@ def sanitize(report: telemetry_pb2.Report) -> CleanStats:
     gpu_faults: list[str] = []
     xids: list[int] = []
     ecc = 0
-    lost = False
+    lost = remap_failed = False
     oom = _is_oom(eng.error)
     if report.gpu_telemetry_available:
         for g in report.gpus:
@@ -121,6 +122,9 @@ def sanitize(report: telemetry_pb2.Report) -> CleanStats:
             if g.ecc_uncorrected_volatile > 0:
                 ecc += g.ecc_uncorrected_volatile
                 gpu_faults.append(f"gpu {g.index}: {g.ecc_uncorrected_volatile} uncorrectable ECC errors")
+            if g.row_remap_failed:
+                remap_failed = True
+                gpu_faults.append(f"gpu {g.index}: row remapping failed (memory needs service)")
             xids.extend(g.xid_events)
             oom = oom or _is_oom(g.error)
     return CleanStats(
@@ -141,6 +145,7 @@ def sanitize(report: telemetry_pb2.Report) -> CleanStats:
         xid_events=tuple(xids),
         ecc_uncorrected=ecc,
         gpu_lost=lost,
+        row_remap_failed=remap_failed,
         oom=oom,
         flags=tuple(flags),
     )
@@ -256,7 +261,7 @@ class FleetState:
         signals = faults.FaultSignals(
             healthy=stats.healthy, engine_error=stats.engine_error, xid_events=stats.xid_events,
             ecc_uncorrected=stats.ecc_uncorrected, gpu_lost=stats.gpu_lost, oom=stats.oom,
-            preemptions_per_s=rate)
+            preemptions_per_s=rate, row_remap_failed=stats.row_remap_failed)
         self._apply_fault(rec, faults.step(rec.fault, signals, now, self.fault_policy))
         ttft_t, tpot_t = self._slo_targets.get(rec.hello.pool, self._slo_default)
         rec.feedback = feedback.step(rec.feedback, feedback.FeedbackSample(

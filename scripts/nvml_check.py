@@ -7,7 +7,8 @@ Run it on a GPU machine before deploying the agent there (or after a driver upgr
 It reads every GPU through the agent's own `NvmlReader`, then checks what the control plane
 relies on:
 - NVML initialises and lists at least one GPU; each has a `GPU-` UUID, a name, 0 < used <= total
-  memory, and is not lost. Per-field errors (a query the board refuses) are listed as warnings.
+  memory, is not lost and has no failed row remapping (a remap or page retirement waiting for a
+  reset only warns). Per-field errors (a query the board refuses) are listed as warnings.
 - Xid event registration: whether each GPU accepts it (some virtualised GPUs do not; the agent
   then reports no Xid events, and says so here).
 - Memory follows allocations: with `--alloc-gib N` (needs PyTorch or CuPy with CUDA), N GiB are
@@ -114,12 +115,15 @@ def run(
             return 2, result
         check("gpus listed", bool(first.gpus), f"{len(first.gpus)} GPU(s)")
         for g in first.gpus:
-            ok = (g.uuid.startswith("GPU-") and bool(g.name) and not g.lost
+            ok = (g.uuid.startswith("GPU-") and bool(g.name) and not g.lost and not g.row_remap_failed
                   and 0 < g.memory_used_bytes <= g.memory_total_bytes)
             check(f"gpu {g.index} readings", ok,
                   f"{g.name} {g.uuid} used {g.memory_used_bytes / GIB:.2f} of "
                   f"{g.memory_total_bytes / GIB:.2f} GiB, util {g.utilization_pct:.0f} %, "
-                  f"{g.temperature_c:.0f} C, {g.power_w:.0f} W, lost={g.lost}")
+                  f"{g.temperature_c:.0f} C, {g.power_w:.0f} W, lost={g.lost}, "
+                  f"uncorrectable ECC {g.ecc_uncorrected_volatile}, row remap failed={g.row_remap_failed}")
+            if g.retired_pages_pending:
+                result["warnings"].append(f"gpu {g.index}: a page retirement or row remap waits for a GPU reset")
             if g.error:
                 result["warnings"].append(f"gpu {g.index}: {g.error}")
         support = reader.xid_event_support()

@@ -24,7 +24,8 @@ Readings (``SimulatedGpus.read``), per GPU, derived from the profile and the eng
   has zero-length steps, so it always reads 0.
 - ``temperature_c``, ``power_w``: linear in utilisation between the board's idle and loaded
   figures (no thermal lag): illustrative numbers, not a thermal model.
-- ``ecc_*``, ``retired_pages_pending``, ``lost``, ``xid_events``: from injected faults only.
+- ``ecc_*``, ``retired_pages_pending``, ``row_remap_failed``, ``lost``, ``xid_events``: from
+  injected faults only.
 
 Xid events behave like an NVML event set: each ``read`` returns the events queued since the
 previous read and clears them (at most ``MAX_PENDING_XIDS`` per GPU are kept; older ones drop).
@@ -36,7 +37,8 @@ Faults (``parse_fault`` validates a ``POST /sim/faults`` body; keys can be combi
 ``{"xid": 79}`` or ``{"xid": [48, 94]}`` queue Xid events; ``{"ecc_uncorrected": n}`` adds n
 volatile uncorrected ECC errors and sets ``retired_pages_pending`` (a page retirement or row remap
 that waits for a GPU reset, as an uncorrectable error causes); ``{"ecc_corrected": n}``;
-``{"gpu_lost": true|false}``; ``{"oom": true|false}``; ``{"health": true|false}``;
+``{"gpu_lost": true|false}``; ``{"row_remap_failed": true|false}`` (the driver could not remap a
+row with uncorrectable errors: Ampere and later); ``{"oom": true|false}``; ``{"health": true|false}``;
 ``{"crash": true}``; ``{"clear": true}``. ``"gpu": i`` picks the GPU of xid/ecc/gpu_lost/clear
 (default 0; a clear without ``gpu`` clears every fault, the replica's too). Faults are independent:
 a ``gpu_lost`` does not also queue an Xid 79; inject both for the full picture.
@@ -67,7 +69,8 @@ SIMULATED_SUFFIX = " (simulated)"
 LOST_ERROR = "GPU is lost"
 OOM_ERROR = "CUDA out of memory (simulated oom fault)"
 
-FAULT_KEYS = ("xid", "ecc_uncorrected", "ecc_corrected", "gpu_lost", "oom", "health", "crash", "clear", "gpu")
+FAULT_KEYS = ("xid", "ecc_uncorrected", "ecc_corrected", "gpu_lost", "row_remap_failed", "oom", "health", "crash", "clear",
+              "gpu")
 
 
 class FaultError(ValueError):
@@ -134,12 +137,14 @@ class GpuFaults:
     ecc_uncorrected: int = 0
     ecc_corrected: int = 0
     retired_pages_pending: int = 0
+    row_remap_failed: bool = False
     lost: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"pending_xid_events": list(self.xids), "ecc_uncorrected_volatile": self.ecc_uncorrected,
                 "ecc_corrected_volatile": self.ecc_corrected,
-                "retired_pages_pending": self.retired_pages_pending, "lost": self.lost}
+                "retired_pages_pending": self.retired_pages_pending, "row_remap_failed": self.row_remap_failed,
+                "lost": self.lost}
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,7 @@ class Fault:
     health: bool | None = None
     crash: bool = False
     clear: bool = False
+    row_remap_failed: bool | None = None
 
 
 def _count(body: dict[str, Any], key: str) -> int:
@@ -194,6 +200,7 @@ def parse_fault(body: Any, gpu_count: int) -> Fault:
         gpu=gpu, xids=tuple(xids), ecc_uncorrected=_count(body, "ecc_uncorrected"),
         ecc_corrected=_count(body, "ecc_corrected"), gpu_lost=_flag(body, "gpu_lost"), oom=_flag(body, "oom"),
         health=_flag(body, "health"), crash=bool(crash), clear=bool(clear),
+        row_remap_failed=_flag(body, "row_remap_failed"),
     )
 
 
@@ -229,6 +236,8 @@ class FaultState:
         g.ecc_corrected += fault.ecc_corrected
         if fault.gpu_lost is not None:
             g.lost = fault.gpu_lost
+        if fault.row_remap_failed is not None:
+            g.row_remap_failed = fault.row_remap_failed
         if fault.oom is not None:
             self.oom = fault.oom
 
@@ -288,7 +297,8 @@ class SimulatedGpus:
                 "memory_used_bytes": min(used, kind.memory_total_bytes),
                 "utilization_pct": round(100.0 * util, 1),
                 "ecc_uncorrected_volatile": f.ecc_uncorrected, "ecc_corrected_volatile": f.ecc_corrected,
-                "retired_pages_pending": f.retired_pages_pending, "lost": False,
+                "retired_pages_pending": f.retired_pages_pending, "row_remap_failed": f.row_remap_failed,
+                "lost": False,
                 "error": OOM_ERROR if self.faults.oom else "",
                 "temperature_c": round(kind.idle_temp_c + (kind.max_temp_c - kind.idle_temp_c) * util, 1),
                 "power_w": round(kind.idle_power_w + (kind.max_power_w - kind.idle_power_w) * util, 1),
@@ -298,7 +308,8 @@ class SimulatedGpus:
                 for k in ("memory_total_bytes", "memory_used_bytes", "ecc_uncorrected_volatile",
                           "ecc_corrected_volatile", "retired_pages_pending"):
                     g[k] = 0
-                g.update(utilization_pct=0.0, temperature_c=0.0, power_w=0.0, lost=True, error=LOST_ERROR)
+                g.update(utilization_pct=0.0, temperature_c=0.0, power_w=0.0, lost=True, error=LOST_ERROR,
+                         row_remap_failed=False)
             gpus.append(g)
         return {"simulated": True, "gpus": gpus}
 

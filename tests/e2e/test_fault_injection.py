@@ -144,6 +144,11 @@ async def test_ecc_and_health_faults(sim: SimProcess) -> None:
         assert (await fault(session, sim.url, {"ecc_uncorrected": 1}))[0] == 200
         g = (await c.collect()).gpus[0]
         assert (g.ecc_uncorrected_volatile, g.retired_pages_pending, g.lost) == (1, 1, False)
+        assert not g.row_remap_failed
+        assert (await fault(session, sim.url, {"row_remap_failed": True}))[0] == 200
+        assert (await c.collect()).gpus[0].row_remap_failed
+        assert (await fault(session, sim.url, {"row_remap_failed": False}))[0] == 200
+        assert not (await c.collect()).gpus[0].row_remap_failed
         assert (await fault(session, sim.url, {"health": False}))[0] == 200
         assert await status_of(session, sim.url) == 503
         assert (await fault(session, sim.url, {"health": True}))[0] == 200

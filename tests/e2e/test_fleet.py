@@ -150,12 +150,17 @@ def gpu_fleet(fresh_etcd: Any, tmp_path: Path) -> Iterator[tuple[Fleet, dict[str
         fl.stop()
 
 
-def test_injected_gpu_fault_ejects_the_replica(gpu_fleet: tuple[Fleet, dict[str, Any]]) -> None:
-    """Simulated NVML (clearly labelled) reports Xid 79 on replica-1: the control plane ejects it,
-    the router stops choosing it, requests keep succeeding, and the audit trail says why."""
+@pytest.mark.parametrize(("injected", "why"), [
+    pytest.param({"xid": 79}, "79", id="xid-79"),
+    pytest.param({"row_remap_failed": True}, "row remapping failed", id="row-remap-failed"),
+])
+def test_injected_gpu_fault_ejects_the_replica(gpu_fleet: tuple[Fleet, dict[str, Any]], injected: dict,
+                                               why: str) -> None:
+    """Simulated NVML (clearly labelled) reports a GPU fault on replica-1: the control plane ejects
+    it, the router stops choosing it, requests keep succeeding, and the audit trail says why."""
     fl, info = gpu_fleet
     engine = next(r["engine_url"] for r in info["replicas"] if r["id"] == "replica-1")
-    status, body = _post(engine + "/sim/faults", {"xid": 79})
+    status, body = _post(engine + "/sim/faults", injected)
     assert status == 200 and json.loads(body)["simulated"] is True
 
     def ejected() -> bool:
@@ -163,7 +168,7 @@ def test_injected_gpu_fault_ejects_the_replica(gpu_fleet: tuple[Fleet, dict[str,
         e = entries.get("replica-1", {})
         return e.get("state") == "REPLICA_STATE_EJECTED" and not e.get("weight")
 
-    wait_until(ejected, 20, "replica-1 to be ejected after Xid 79")
+    wait_until(ejected, 20, f"replica-1 to be ejected after {injected}")
     time.sleep(0.5)  # etcd -> router watch propagation
     before = _served_by_replica(info)
     for _ in range(10):
@@ -177,4 +182,4 @@ def test_injected_gpu_fault_ejects_the_replica(gpu_fleet: tuple[Fleet, dict[str,
         capture_output=True, text=True, timeout=30)
     assert cli.returncode == 0, cli.stderr
     events = json.loads(cli.stdout)["events"]
-    assert any(e["kind"] == "eject" and "79" in e["reason"] for e in events), events
+    assert any(e["kind"] == "eject" and why in e["reason"] for e in events), events

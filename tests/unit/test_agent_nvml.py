@@ -78,6 +78,8 @@ class FakeGpu:
     util: int = 42
     ecc: dict[int, int] | None = field(default_factory=lambda: {1: 3, 0: 7})  # None = not supported
     pending: int | None = 0     # None = not supported
+    # Row remapping (correctable, uncorrectable, pending, failed); None = not supported (pre-Ampere)
+    remap: tuple[int, int, int, int] | None = (0, 0, 0, 0)
     temp: int = 55
     power_mw: int = 250_000
     lost: bool = False
@@ -153,6 +155,12 @@ class FakeNvml:
             raise FakeNotSupported("Not Supported")
         return g.pending
 
+    def nvmlDeviceGetRemappedRows(self, h: FakeGpu) -> tuple[int, int, int, int]:
+        g = self._alive(h)
+        if g.remap is None:
+            raise FakeNotSupported("Not Supported")
+        return g.remap
+
     def nvmlDeviceGetTemperature(self, h: FakeGpu, sensor: int) -> int:
         return self._alive(h).temp
 
@@ -213,6 +221,18 @@ def test_unsupported_ecc_and_retired_pages_stay_zero() -> None:
     assert (g.ecc_uncorrected_volatile, g.ecc_corrected_volatile, g.retired_pages_pending) == (0, 0, 0)
     assert g.error == "" and not g.lost
     assert g.memory_total_bytes == 80 * 2**30  # the supported readings still arrive
+
+
+@pytest.mark.parametrize(("remap", "pages", "pending", "failed"), [
+    pytest.param((0, 0, 0, 0), 0, 0, False, id="Hopper, healthy"),
+    pytest.param((3, 1, 1, 0), 0, 1, False, id="a remap waits for a reset"),
+    pytest.param((3, 1, 0, 1), 0, 0, True, id="remapping failed"),
+    pytest.param(None, 1, 1, False, id="pre-Ampere: page retirement pending"),
+    pytest.param(None, 0, 0, False, id="pre-Ampere: nothing pending"),
+])
+def test_row_remapping_and_page_retirement(remap, pages, pending, failed) -> None:
+    g = NvmlReader(FakeNvml([FakeGpu("GPU-a", "x", remap=remap, pending=pages)])).read().gpus[0]
+    assert (g.retired_pages_pending, g.row_remap_failed, g.error) == (pending, failed, "")
 
 
 def test_lost_gpu_is_marked_not_invented() -> None:

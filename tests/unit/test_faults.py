@@ -37,6 +37,7 @@ CASES = [
     ("non-critical-xid-ignored", [(0, FaultSignals(xid_events=(13, 31)))], False, []),
     ("xid-79-not-recoverable", [(0, FaultSignals(xid_events=(79,))), (1000, OK)], True, ["eject@0"]),
     ("gpu-lost-not-recoverable", [(0, FaultSignals(gpu_lost=True)), (1000, OK)], True, ["eject@0"]),
+    ("row-remap-failure-not-recoverable", [(0, FaultSignals(row_remap_failed=True)), (1000, OK)], True, ["eject@0"]),
     ("ecc-holds-until-cleared", [(0, FaultSignals(ecc_uncorrected=1)), (20, FaultSignals(ecc_uncorrected=1)),
                                  (21, OK)], False, ["eject@0", "readmit@21"]),
     ("unhealthy-two-is-not-enough", [(0, FaultSignals(healthy=False)), (1, FaultSignals(healthy=False)), (2, OK)],

@@ -196,6 +196,23 @@ def test_missing_engine_and_gpu_faults(fleet: FleetState) -> None:
     assert fleet.on_report(hello(), r).state == RS.REPLICA_STATE_EJECTED
 
 
+def test_failed_row_remapping_ejects_until_a_fresh_agent(fleet: FleetState, clock: FakeClock) -> None:
+    fleet.on_report(hello(), report())
+    r = report(seq=2)
+    r.gpu_telemetry_available = True
+    r.gpus.add(index=0, row_remap_failed=True)
+    d = fleet.on_report(hello(), r)
+    assert d.state == RS.REPLICA_STATE_EJECTED and "row remapping failed" in d.reason
+    assert [e.kind for e in fleet.take_events()] == ["eject"]
+    clock.t += 1000   # far past any backoff: the memory needs service, not time
+    assert fleet.on_report(hello(), report(seq=3)).state == RS.REPLICA_STATE_EJECTED
+    # A pending remap (waiting for a reset) is reported, not a fault: the GPU serves meanwhile.
+    pending = report(seq=1)
+    pending.gpu_telemetry_available = True
+    pending.gpus.add(index=0, retired_pages_pending=1)
+    assert fleet.on_report(hello("other"), pending).state != RS.REPLICA_STATE_EJECTED
+
+
 def test_xid_ejects_then_readmits_after_backoff(fleet: FleetState, clock: FakeClock) -> None:
     fleet.on_report(hello(), report())
     r = report(seq=2)

@@ -58,6 +58,13 @@ def test_a_lost_gpu_fails_its_readings() -> None:
     assert any("GPU is lost" in w for w in result["warnings"])
 
 
+def test_failed_row_remapping_fails_and_a_pending_one_warns() -> None:
+    bad, waiting = FakeGpu("GPU-a", "H200", remap=(0, 1, 0, 1)), FakeGpu("GPU-b", "H200", remap=(0, 1, 1, 0))
+    code, result = NC.run(args(), NvmlReader(FakeNvml([bad, waiting])))
+    assert code == 1 and failed(result) == ["gpu 0 readings"]
+    assert result["warnings"] == ["gpu 1: a page retirement or row remap waits for a GPU reset"]
+
+
 def test_unsupported_events_and_no_allocator_only_warn() -> None:
     a = FakeGpu("GPU-a", "x", events_supported=False)
     code, result = NC.run(args(2), NvmlReader(FakeNvml([a])), lambda gib, index: None)

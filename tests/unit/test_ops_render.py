@@ -107,7 +107,9 @@ def test_events() -> None:
 def detail() -> admin_pb2.ReplicaDetail:
     report = telemetry_pb2.Report(seq=4, simulated_gpu=True, gpu_telemetry_available=True, gpus=[
         telemetry_pb2.GpuStats(index=0, name="H100", memory_used_bytes=GiB, memory_total_bytes=80 * GiB,
-                               xid_events=[79], lost=True)])
+                               xid_events=[79], lost=True),
+        telemetry_pb2.GpuStats(index=1, name="H200", row_remap_failed=True),
+        telemetry_pb2.GpuStats(index=2, name="H200", retired_pages_pending=1)])
     return admin_pb2.ReplicaDetail(
         summary=summary(state=RS.REPLICA_STATE_DRAINING), reasons=["draining", "kv free 58%"],
         hello=telemetry_pb2.Hello(replica_id="replica-0", engine_kind="vllm", capabilities=["nvml"]),
@@ -121,7 +123,8 @@ def test_describe_text_has_every_section() -> None:
     text = render.describe_text(detail())
     for needle in ("Replica:     replica-0", "State:       draining", "  - kv free 58%", "What:     draining",
                    "Actor:    sre:a", "Engine:          vllm", "GPU telemetry:  simulated",
-                   "GPU 0: H100 mem 1.0G/80.0G", "LOST", "xid=79", "drain  replica-0  sre:local-operator"):
+                   "GPU 0: H100 mem 1.0G/80.0G", "LOST", "xid=79", "drain  replica-0  sre:local-operator",
+                   "ROW-REMAP-FAILED", "reset-pending"):
         assert needle in text, needle
 
 

@@ -349,6 +349,10 @@ def describe_text(d: admin_pb2.ReplicaDetail) -> str:
                 flags.append(f"ecc_uncorrected={g.ecc_uncorrected_volatile}")
             if g.xid_events:
                 flags.append("xid=" + ",".join(map(str, g.xid_events)))
+            if g.row_remap_failed:
+                flags.append("ROW-REMAP-FAILED")
+            if g.retired_pages_pending:
+                flags.append("reset-pending")
             if g.error:
                 flags.append(f"error={g.error}")
             out.append(f"  GPU {g.index}: {g.name or '-'} mem {fmt_bytes(g.memory_used_bytes)}/"

@@ -5,8 +5,9 @@ No I/O, no clock reads (`now` is the caller's monotonic seconds), no logging. Th
 plane keeps one FaultState per replica and calls `step` on every report. Rules (README.md):
 
 - GPU faults reported by NVML eject at once: a critical Xid event (`critical_xids`), an
-  uncorrectable ECC count > 0, or the GPU lost. Xid 79 (fallen off the bus) and a lost GPU
-  are not recoverable: the replica stays ejected until its agent reconnects fresh.
+  uncorrectable ECC count > 0, a failed row remapping, or the GPU lost. Xid 79 (fallen off the
+  bus), a lost GPU and a failed row remapping (memory that needs service, not a reset) are not
+  recoverable: the replica stays ejected until its agent reconnects fresh.
 - Engine /health failing for `unhealthy_reports` consecutive reports ejects.
 - OOM or a preemption storm (> `preemption_storm_per_s`) cuts the weight (DEGRADED) at once
   and ejects when it persists for `pressure_eject_after_s`.
@@ -57,6 +58,7 @@ class FaultSignals:
     gpu_lost: bool = False
     oom: bool = False
     preemptions_per_s: float = 0.0
+    row_remap_failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,9 @@ def step(prev: FaultState, sig: FaultSignals, now: float, cfg: FaultPolicyConfig
         permanent = permanent or any(x in cfg.unrecoverable_xids for x in crit)
     if sig.ecc_uncorrected > 0:
         hard.append(f"{sig.ecc_uncorrected} uncorrectable ECC errors")
+    if sig.row_remap_failed:
+        hard.append("row remapping failed (GPU memory needs service)")
+        permanent = True
 
     streak = 0 if sig.healthy else prev.unhealthy_streak + 1
     causes = list(hard)

@@ -146,7 +146,7 @@ class EngineWork(_message.Message):
     def __init__(self, interval_s: _Optional[float] = ..., steps: _Optional[float] = ..., step_tokens: _Optional[float] = ..., prompt_tokens: _Optional[float] = ..., cached_prompt_tokens: _Optional[float] = ..., generation_tokens: _Optional[float] = ..., itl_sum_s: _Optional[float] = ..., itl_count: _Optional[float] = ..., busy_s: _Optional[float] = ..., prefill_time_sum_s: _Optional[float] = ..., prefill_time_count: _Optional[float] = ..., finished_requests: _Optional[float] = ...) -> None: ...
 
 class GpuStats(_message.Message):
-    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_used_bytes", "utilization_pct", "ecc_uncorrected_volatile", "ecc_corrected_volatile", "retired_pages_pending", "lost", "error", "temperature_c", "power_w", "xid_events")
+    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_used_bytes", "utilization_pct", "ecc_uncorrected_volatile", "ecc_corrected_volatile", "retired_pages_pending", "lost", "error", "temperature_c", "power_w", "xid_events", "row_remap_failed")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,7 @@ class GpuStats(_message.Message):
     TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
     POWER_W_FIELD_NUMBER: _ClassVar[int]
     XID_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    ROW_REMAP_FAILED_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -175,7 +176,8 @@ class GpuStats(_message.Message):
     temperature_c: float
     power_w: float
     xid_events: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., utilization_pct: _Optional[float] = ..., ecc_uncorrected_volatile: _Optional[int] = ..., ecc_corrected_volatile: _Optional[int] = ..., retired_pages_pending: _Optional[int] = ..., lost: _Optional[bool] = ..., error: _Optional[str] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., xid_events: _Optional[_Iterable[int]] = ...) -> None: ...
+    row_remap_failed: bool
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., utilization_pct: _Optional[float] = ..., ecc_uncorrected_volatile: _Optional[int] = ..., ecc_corrected_volatile: _Optional[int] = ..., retired_pages_pending: _Optional[int] = ..., lost: _Optional[bool] = ..., error: _Optional[str] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., xid_events: _Optional[_Iterable[int]] = ..., row_remap_failed: _Optional[bool] = ...) -> None: ...
 
 class Report(_message.Message):
     __slots__ = ("seq", "sent_at", "engine", "gpu_telemetry_available", "gpu_telemetry_error", "gpus", "simulated_gpu")
