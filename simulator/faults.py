@@ -69,8 +69,8 @@ SIMULATED_SUFFIX = " (simulated)"
 LOST_ERROR = "GPU is lost"
 OOM_ERROR = "CUDA out of memory (simulated oom fault)"
 
-FAULT_KEYS = ("xid", "ecc_uncorrected", "ecc_corrected", "gpu_lost", "row_remap_failed", "oom", "health", "crash", "clear",
-              "gpu")
+FAULT_KEYS = ("xid", "ecc_uncorrected", "ecc_corrected", "gpu_lost", "row_remap_failed", "oom", "health", "crash",
+              "clear", "gpu")
 
 
 class FaultError(ValueError):
