@@ -39,7 +39,7 @@ volatile uncorrected ECC errors and sets ``retired_pages_pending`` (a page retir
 that waits for a GPU reset, as an uncorrectable error causes); ``{"ecc_corrected": n}``;
 ``{"gpu_lost": true|false}``; ``{"row_remap_failed": true|false}`` (the driver could not remap a
 row with uncorrectable errors: Ampere and later); ``{"oom": true|false}``; ``{"health": true|false}``;
-``{"crash": true}``; ``{"clear": true}``. ``"gpu": i`` picks the GPU of xid/ecc/gpu_lost/clear
+``{"crash": true}``; ``{"clear": true}``. ``"gpu": i`` picks the GPU of xid/ecc/gpu_lost/row_remap_failed/clear
 (default 0; a clear without ``gpu`` clears every fault, the replica's too). Faults are independent:
 a ``gpu_lost`` does not also queue an Xid 79; inject both for the full picture.
 What the engine does under each fault (HTTP side) is documented in simulator.server.

@@ -21,14 +21,15 @@ for the readings' derivation and the fault body):
 
 - GET /sim/gpu: ``{"simulated": true, "gpus": [{index, uuid, name, memory_total_bytes,
   memory_used_bytes, utilization_pct, ecc_uncorrected_volatile, ecc_corrected_volatile,
-  retired_pages_pending, lost, error, temperature_c, power_w, xid_events}]}``. Each GET returns and
+  retired_pages_pending, row_remap_failed, lost, error, temperature_c, power_w, xid_events}]}``. Each GET returns and
   clears the Xid events queued since the previous GET, like an NVML event set.
 - GET /sim/faults: the injected fault state. POST /sim/faults: inject (400 on a bad body); answers
   ``{"simulated": true, "healthy": bool, "faults": {...}}``.
 
 What the engine does under each fault:
 
-- xid, ecc_*: readings only; serving goes on (the control plane must act on the reports).
+- xid, ecc_*, row_remap_failed: readings only; serving goes on (the control plane must act on
+  the reports).
 - gpu_lost: like vLLM when its GPU falls off the bus, the engine is dead: in-flight requests are
   aborted, new ones fail with 500 (EngineDeadError) and /health answers 503. The process stays up
   (as with VLLM_KEEP_ALIVE_ON_ENGINE_DEATH) so that the lost GPU can still be reported;
@@ -254,7 +255,7 @@ class SimServer:
             self._abort_all()  # the engine died with its GPU
         log.warning("sim_fault_injected", gpu=fault.gpu, xids=list(fault.xids), ecc_uncorrected=fault.ecc_uncorrected,
                     ecc_corrected=fault.ecc_corrected, gpu_lost=fault.gpu_lost, oom=fault.oom, health=fault.health,
-                    crash=fault.crash, clear=fault.clear)
+                    crash=fault.crash, clear=fault.clear, row_remap_failed=fault.row_remap_failed)
         if not fault.crash:
             return web.json_response(self._fault_answer())
         resp = web.json_response({**self._fault_answer(), "crashing": True})
