@@ -115,14 +115,21 @@ class Collector:
         if self._gpu is None:
             return GpuTelemetry(available=False, error="GPU telemetry disabled")
         source = "simulated GPU" if self._gpu.simulated else "NVML"
+        result = "unavailable"
         try:
             # Bounded: a hung driver must not hold back the engine's figures (a report waits for
             # all three reads). NVML's thread runs on; the reader answers "busy" until it returns.
-            return await asyncio.wait_for(self._gpu.aread(self._gpu_indices), self._gpu_timeout_s)
+            t = await asyncio.wait_for(self._gpu.aread(self._gpu_indices), self._gpu_timeout_s)
+            result = "ok" if t.available else "busy" if t.busy else "unavailable"
+            return t
         except TimeoutError:
+            result = "timeout"
             return GpuTelemetry(available=False, error=f"{source} read timed out after {self._gpu_timeout_s:g} s")
         except Exception as exc:  # a driver bug must not stop the reports
             return GpuTelemetry(available=False, error=f"{source} read failed: {type(exc).__name__}: {exc}")
+        finally:
+            if self._metrics is not None:
+                self._metrics.gpu_reads.labels(result=result).inc()
 
     async def collect(self) -> telemetry_pb2.Report:
         (sample, scrape_err), health_err, gpus = await asyncio.gather(

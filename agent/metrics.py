@@ -18,6 +18,11 @@ class AgentMetrics:
             "tidegate_agent_stream_reconnects", "Telemetry streams (re)opened after the first.",
             registry=self.registry,
         )
+        # ok / unavailable (no driver, no GPU visible, a driver error) / timeout and busy (a read
+        # hung in the driver, and the reads it held up: docs/RELIABILITY.md)
+        self.gpu_reads = Counter(
+            "tidegate_agent_gpu_reads", "GPU telemetry reads by result.", ["result"], registry=self.registry
+        )
         self.stream_up = Gauge(
             "tidegate_agent_stream_up", "1 while a telemetry stream is open.", registry=self.registry
         )

@@ -67,6 +67,7 @@ class GpuTelemetry:
     available: bool
     error: str = ""
     gpus: tuple[GpuStat, ...] = field(default_factory=tuple)
+    busy: bool = False   # not read: the previous read is still inside NVML
 
 
 class _Lost(Exception):
@@ -144,7 +145,7 @@ class NvmlReader:
     def read(self, indices: Sequence[int] = ()) -> GpuTelemetry:
         if not self._lock.acquire(timeout=self._busy_timeout_s):
             return GpuTelemetry(available=False, error="NVML busy: the previous read has not returned "
-                                f"after {self._busy_timeout_s:g} s (hung GPU or driver?)")
+                                f"after {self._busy_timeout_s:g} s (hung GPU or driver?)", busy=True)
         try:
             return self._read(indices)
         finally:

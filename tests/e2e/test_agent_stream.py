@@ -357,6 +357,7 @@ async def test_process_serves_metrics_and_exits_0_on_sigterm(engine: FakeEngine)
         text = body.decode()
         assert "tidegate_agent_reports_sent_total" in text
         assert 'tidegate_agent_scrapes_total{result="ok"}' in text
+        assert "tidegate_agent_gpu_reads_total{result=" in text  # "ok" with a driver, else "unavailable"
         proc.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(proc.communicate(), WAIT_S)
         assert proc.returncode == 0, err.decode()
@@ -379,9 +380,12 @@ class HungGpu:
 
 
 async def test_a_hung_gpu_read_does_not_hold_back_the_engine_figures(engine: FakeEngine) -> None:
+    metrics = AgentMetrics()
     async with aiohttp.ClientSession() as session:
-        collector = Collector(engine.url, session, model=MODEL, gpu_reader=HungGpu(), scrape_timeout_s=0.3)
+        collector = Collector(engine.url, session, model=MODEL, gpu_reader=HungGpu(), scrape_timeout_s=0.3,
+                              metrics=metrics)
         report = await asyncio.wait_for(collector.collect(), 5)
     assert report.engine.healthy and report.engine.num_requests_running == 7
     assert not report.gpu_telemetry_available and len(report.gpus) == 0
     assert report.gpu_telemetry_error == "NVML read timed out after 0.3 s"
+    assert metrics.gpu_reads.labels(result="timeout")._value.get() == 1  # what TidegateGpuTelemetryHung reads
