@@ -31,6 +31,7 @@ too (agent.collector), so the engine's figures keep flowing while NVML hangs.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib
 import threading
 from collections.abc import Callable, Sequence
@@ -95,30 +96,21 @@ class NvmlReader:
 
     async def aread(self, indices: Sequence[int] = ()) -> GpuTelemetry:
         """`read` in a daemon thread of its own, not the loop's executor: a read hung in the driver
-        would otherwise keep the process from exiting (the executor's threads are joined at exit)."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[GpuTelemetry] = loop.create_future()
-
-        def settle(result: GpuTelemetry | None, exc: BaseException | None) -> None:
-            if done.done():  # the awaiting task was cancelled (the collector's bound)
-                return
-            if exc is not None:
-                done.set_exception(exc)
-            else:
-                done.set_result(result)  # type: ignore[arg-type]
+        would otherwise keep the process from exiting (the executor's threads are joined at exit).
+        asyncio.wrap_future carries the answer (or the exception) back to the loop thread-safely,
+        and drops it when the awaiting task was cancelled (the collector's bound) or the loop closed."""
+        answer: concurrent.futures.Future[GpuTelemetry] = concurrent.futures.Future()
 
         def work() -> None:
+            if not answer.set_running_or_notify_cancel():
+                return  # cancelled before the thread ran: nothing to read for
             try:
-                result, exc = self.read(indices), None
-            except Exception as e:  # handed to the awaiting task, as to_thread would
-                result, exc = None, e
-            try:
-                loop.call_soon_threadsafe(settle, result, exc)
-            except RuntimeError:  # the loop closed while NVML answered
-                pass
+                answer.set_result(self.read(indices))
+            except Exception as exc:  # handed to the awaiting task, as to_thread would
+                answer.set_exception(exc)
 
         threading.Thread(target=work, name="nvml-read", daemon=True).start()
-        return await done
+        return await asyncio.wrap_future(answer)
 
     def _module(self) -> Any:
         if self._nvml is None:
