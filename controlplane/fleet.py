@@ -473,7 +473,7 @@ class FleetState:
             gpu_telemetry_available=s.gpu_telemetry_available, gpu_faults=s.gpu_faults,
             telemetry_flags=s.flags, prefill_tokens_per_s=rates.prefill_tokens_per_s,
             decode_step_base_ms=rates.decode_step_base_ms, decode_step_per_seq_ms=rates.decode_step_per_seq_ms,
-            slo_factor=factor, slo_note=note,
+            max_num_seqs=s.max_num_seqs, slo_factor=factor, slo_note=note,
         )
 
 

@@ -297,3 +297,9 @@ def test_views_without_report_carry_no_engine_numbers(fleet: FleetState) -> None
     assert view is not None and not view.has_report
     assert (view.healthy, view.running, view.prefill_tokens_per_s, view.slo_factor) == (False, 0, 0.0, 1.0)
     assert fleet.pools() == {"r1": "m"}
+
+
+def test_the_table_carries_the_engines_seats(fleet: FleetState, clock: FakeClock) -> None:
+    fleet.on_report(hello(), report(max_num_seqs=128))
+    view = fleet.view("r1")
+    assert view is not None and view.max_num_seqs == 128

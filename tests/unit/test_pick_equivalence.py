@@ -52,6 +52,8 @@ def ref_predict(rid, load, rates, prompt_tokens, cached_tokens, output_tokens, r
         if shortfall > 0:
             kv_wait = shortfall / (max(load.kv_used, 1.0) / (remaining * step))
     ttft += kv_wait
+    if rates.seats > 0 and batch > 0 and load.sequences + 1 - rates.seats > 0:
+        ttft += (load.sequences + 1.0 - rates.seats) * 2.0 * remaining * step / min(batch, rates.seats)
     tpot = step_s(batch + 1) + prefill_s / remaining
     stall = own / rates.prefill_tps
     keys = load.stall_keys
@@ -123,26 +125,28 @@ def ref_predictions(pol: TidegatePolicy, snap: PoolSnapshot, request: RequestFea
         own = pol._own.get(x.replica_id)
         queued, decoding, kv, keys, stalled = (own.queued, own.decoding, own.kv, own.stall_keys, own.stalled_s) \
             if own is not None else (0.0, 0, 0.0, [], 0.0)
+        seqs = own.waiting + own.decoding if own is not None else 0
         cap = float(max(0, x.kv_capacity_tokens))
         if pol._peers:
             # Peers' last reports, summed in the order they came, added to ours unscaled; every
             # router's stall keys there count once each.
-            peer_queued, peer_decoding, peer_kv = 0.0, 0, 0.0
+            peer_queued, peer_decoding, peer_kv, peer_seqs = 0.0, 0, 0.0, 0
             for report in pol._peers.values():
                 r = report.get(x.replica_id)
                 if r is not None:
                     peer_queued += r.queued_prefill
                     peer_decoding += r.decoding
                     peer_kv += r.kv
+                    peer_seqs += r.waiting + r.decoding
             theirs = [k for ks in own.peer_keys.values() for k in ks] if own is not None else []
             kv = kv + peer_kv
             kv_used = max(kv, cap - max(0, x.kv_free_tokens)) if cap > 0 else kv
             load = ReplicaLoad(queued + peer_queued, decoding + peer_decoding, kv_used, cap, sorted(keys + theirs),
-                               stalled, 1.0)
+                               stalled, 1.0, seqs + peer_seqs)
         else:
             scale = 1.0 / share
             kv_used = max(kv * scale, cap - max(0, x.kv_free_tokens)) if cap > 0 else kv * scale
-            load = ReplicaLoad(queued * scale, decoding * scale, kv_used, cap, keys, stalled, scale)
+            load = ReplicaLoad(queued * scale, decoding * scale, kv_used, cap, keys, stalled, scale, seqs * scale)
         pred = ref_predict(x.replica_id, load, rates[x.replica_id], request.prompt_tokens,
                            ref_cached_tokens(pol, x.replica_id, request), out, remaining, slo.ttft_s, slo.tpot_s)
         guesses = own.guess_keys if own is not None else []
@@ -229,14 +233,15 @@ def ref_block_hashes(text: str, max_blocks: int | None = None) -> tuple[int, ...
 DOCS = (tuple(range(40)), tuple(range(0, 80, 2)), tuple(range(100, 140)))
 FLOATS = (0.0, -1.0, math.nan)   # not fitted / nonsense: the pool's median or the default stands in
 entry_st = st.builds(
-    lambda i, w, p, b, s, cap, free, running, waiting: RouteInfo(
+    lambda i, w, p, b, s, cap, free, running, waiting, seats: RouteInfo(
         replica_id=f"r{i}", weight=w, kv_free_tokens=min(free, cap) if cap > 0 else free, kv_capacity_tokens=cap,
         running=running, waiting=waiting, endpoint=f"http://r{i}", prefill_tokens_per_s=p, decode_step_base_ms=b,
-        decode_step_per_seq_ms=s),
+        decode_step_per_seq_ms=s, max_num_seqs=seats),
     st.integers(0, 9), st.sampled_from((50.0, 50.0, 50.0, 1.0, 0.0, math.inf, math.nan)),
     st.sampled_from((45_000.0, 45_000.0, 150_000.0, 2_000.0) + FLOATS), st.sampled_from((8.0, 8.0, 30.0, 0.5) + FLOATS),
     st.sampled_from((0.15, 0.15, 2.0) + FLOATS), st.sampled_from((400_000, 400_000, 3_000, 0, -5)),
-    st.integers(-10, 400_000), st.integers(-2, 40), st.integers(-2, 40))
+    st.integers(-10, 400_000), st.integers(-2, 40), st.integers(-2, 40),
+    st.sampled_from((0, 0, 1, 2, 4, 256, -3)))   # seats: unknown, full with a few requests, roomy, nonsense
 pool_st = st.lists(entry_st, min_size=1, max_size=6, unique_by=lambda x: x.replica_id).map(tuple)
 slo_st = st.one_of(st.none(), st.builds(SloTargets, st.sampled_from((0.05, 0.5, 2.0, 30.0)),
                                         st.sampled_from((0.005, 0.03, 0.1, 1.0))))
@@ -354,12 +359,14 @@ def run_scenario(pools, ops, policy_slo, router_id: str | None = None) -> None:
        cap=st.sampled_from((0.0, -1.0, 5_000.0, 400_000.0)),
        keys=st.lists(st.floats(0, 50), max_size=8).map(sorted), stalled=st.floats(0, 50),
        per_key=st.floats(0, 20), rates=st.sampled_from((DEFAULT_RATES, Rates(45_000.0, 0.008, 0.00015),
-                                                         Rates(1_000.0, 0.05, 0.0))),
+                                                         Rates(1_000.0, 0.05, 0.0), Rates(45_000.0, 0.008, 0.00015, 256.0),
+                                                         Rates(45_000.0, 0.008, 0.00015, 2.0))),
+       seqs=st.floats(-2, 600),
        prompt=st.integers(-5, 100_000), cached=st.integers(-5, 100_000), out=st.floats(-5, 4_000),
        remaining=st.floats(-5, 4_000), ttft=st.sampled_from((0.1, 2.0)), tpot=st.sampled_from((0.01, 0.1)))
-def test_predict_matches_the_plain_formulation(queued, decoding, kv_used, cap, keys, stalled, per_key, rates, prompt,
-                                               cached, out, remaining, ttft, tpot):
-    load = ReplicaLoad(queued, decoding, kv_used, cap, keys, stalled, per_key)
+def test_predict_matches_the_plain_formulation(queued, decoding, kv_used, cap, keys, stalled, per_key, rates, seqs,
+                                               prompt, cached, out, remaining, ttft, tpot):
+    load = ReplicaLoad(queued, decoding, kv_used, cap, keys, stalled, per_key, seqs)
     args = (rates, prompt, cached, out, remaining, ttft, tpot)
     assert predict("r", load, *args) == ref_predict("r", load, *args)
 

@@ -144,3 +144,14 @@ def test_weight_is_finite_bounded_and_zero_iff_not_routable(view: ReplicaView, c
 def test_tables_list_every_view_once(vs: list[ReplicaView]) -> None:
     tables = compute_pool_tables(vs, CFG)
     assert sum(len(t) for t in tables.values()) == len(vs)
+
+
+def test_the_engines_seats_reach_the_table_and_move_its_routing_key() -> None:
+    """The pick's seat wait reads RouteEntry.max_num_seqs: a change of seats (an engine restarted
+    with another max_num_seqs) rewrites the table; 0 stays unknown."""
+    unknown = compute_pool_tables([v()], CFG)["m"]
+    seated = compute_pool_tables([v(max_num_seqs=256)], CFG)["m"]
+    assert (unknown[0].max_num_seqs, seated[0].max_num_seqs) == (0, 256)
+    assert routing_key(seated) != routing_key(unknown)
+    assert routing_key(compute_pool_tables([v(max_num_seqs=256, ttft_p95_ms=12)], CFG)["m"]) == \
+        routing_key(seated)

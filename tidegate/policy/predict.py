@@ -34,6 +34,7 @@ class Rates:
     prefill_tps: float      # prefill tokens per second (compute-bound, marginal)
     step_base_s: float      # one decode step with an empty batch (weights read, launch overhead)
     step_per_seq_s: float   # added per sequence in the decode batch (its KV read, sampling)
+    seats: float = 0.0      # the engine's max_num_seqs (RouteEntry.max_num_seqs); 0 = unknown
 
     def step_s(self, batch: float) -> float:
         return self.step_base_s + self.step_per_seq_s * max(0.0, batch)
@@ -65,7 +66,8 @@ def pool_rates(entries: Iterable) -> dict[str, Rates]:
     one model, usually on one kind of hardware), or, for a replica whose prefill rate or base
     step differs from the median by more than HETEROGENEOUS and RESOLUTION (another kind of GPU), its own
     figures. The per-sequence step is the noisiest fit and never decides alone. DEFAULT_RATES's
-    figure where no replica of the pool has one (<= 0 or non-finite = not fitted)."""
+    figure where no replica of the pool has one (<= 0 or non-finite = not fitted). Seats are each
+    replica's own (an engine's setting, not a fit): none where unknown."""
     entries = list(entries)
 
     def known(v: float) -> bool:
@@ -83,7 +85,8 @@ def pool_rates(entries: Iterable) -> dict[str, Rates]:
         other_kind = any(known(v) and not (1 / HETEROGENEOUS <= v / m <= HETEROGENEOUS) and abs(v - m) > floor
                          for v, m, floor in zip(own[:2], medians[:2], RESOLUTION, strict=True))
         p, b, s = (v if other_kind and known(v) else m for v, m in zip(own, medians, strict=True))
-        out[e.replica_id] = Rates(p, b / 1000.0, s / 1000.0)
+        seats = getattr(e, "max_num_seqs", 0)
+        out[e.replica_id] = Rates(p, b / 1000.0, s / 1000.0, float(seats) if seats > 0 else 0.0)
     return out
 
 
@@ -163,6 +166,9 @@ class ReplicaLoad:
     # How many sequences there each key stands for (>= 1): with N routers, the others' too, as
     # close to their targets as this router's (its share of the pool's load is its share there).
     per_key: float = 1.0
+    # Requests in flight there (without a first token yet, and decoding): past the engine's seats
+    # (Rates.seats) the last of them wait for running ones to finish.
+    sequences: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,9 +207,15 @@ def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int
     of tokens a sequence decoding there still has to produce (over which prefill stretches it).
 
         work    = queued_prefill + (prompt - cached)
-        ttft    = work / prefill_tps + ceil(work / CHUNK_TOKENS) * step_s(decoding) + kv_wait
+        ttft    = work / prefill_tps + ceil(work / CHUNK_TOKENS) * step_s(decoding) + kv_wait + seat_wait
         kv_wait = shortfall / (kv_used / (remaining_output * step_s(decoding)))   when the KV
                   cannot hold work + output: decoders free their KV over their remaining steps
+        seat_wait = (sequences + 1 - seats) * 2 * remaining_output * step_s(decoding) / min(decoding, seats)
+                  when the request finds the engine's seats taken: it waits for that many of the
+                  running sequences to finish, and they finish at decoding / (mean output x step)
+                  per second (Little's law; a running sequence's whole output is about twice what
+                  it has left, `remaining_output`). The prefill of those admitted ahead of it is
+                  already in `work`.
         tpot    = step_s(decoding + 1) + (work / prefill_tps) / remaining_output
         stall   = (prompt - cached) / prefill_tps
         pushed  = sequences there whose remaining stall budget is within `stall` (pushed_out)
@@ -217,7 +229,7 @@ def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int
     increments that leave everyone within the target cost nothing). The pick minimises it.
     """
     row = (replica_id, load.queued_prefill, load.decoding, load.kv_used, load.kv_capacity, load.stall_keys,
-           load.stalled_s, load.per_key, rates, cached_tokens)
+           load.stalled_s, load.per_key, rates, cached_tokens, load.sequences)
     return Prediction(*predict_rows((row,), prompt_tokens, output_tokens, remaining_output, ttft_slo_s, tpot_slo_s)[0])
 
 
@@ -226,7 +238,8 @@ def predict_rows(loads: Iterable[tuple], prompt_tokens: int, output_tokens: floa
     """`predict` for one request on many replicas, as plain tuples in Prediction's field order.
 
     Each load is (replica_id, queued_prefill, decoding, kv_used, kv_capacity, stall_keys, stalled_s,
-    per_key, rates, cached_tokens), ReplicaLoad's fields in its order. What does not depend on the
+    per_key, rates, cached_tokens, sequences): ReplicaLoad's fields in its order, the rates and the
+    cached tokens before its last. What does not depend on the
     replica is computed once, step_s, prefill_budget and pushed_out are written out, and no object
     is built per candidate. `max(0.0, x)` is written `x if x > 0.0 else 0.0`, which returns the same
     value in every case (NaN and -0.0 included: both give 0.0), so the figures are bit-for-bit
@@ -239,7 +252,7 @@ def predict_rows(loads: Iterable[tuple], prompt_tokens: int, output_tokens: floa
     remaining = remaining_output if remaining_output > 1.0 else 1.0
     ceil, bisect_right = math.ceil, bisect.bisect_right
     rows = []
-    for replica_id, queued, decoding, kv_used, kv_capacity, stall_keys, stalled_s, per_key, rates, cached in loads:
+    for replica_id, queued, decoding, kv_used, kv_capacity, stall_keys, stalled_s, per_key, rates, cached, seqs in loads:
         cached = int(cached)
         if cached > prompt - 1:
             cached = prompt - 1
@@ -264,6 +277,11 @@ def predict_rows(loads: Iterable[tuple], prompt_tokens: int, output_tokens: floa
                 drain_tps = (1.0 if 1.0 > kv_used else kv_used) / (remaining * step)
                 kv_wait = shortfall / drain_tps
         ttft += kv_wait
+        seats = rates.seats
+        if seats > 0.0 and batch > 0.0:
+            excess = seqs + 1.0 - seats
+            if excess > 0.0:
+                ttft += excess * 2.0 * remaining * step / (batch if batch < seats else seats)
         step_joined = base + per_seq * (batch + 1)     # step_s(batch + 1): the batch it joins
         tpot = step_joined + prefill_s / remaining
         stall = own / tps

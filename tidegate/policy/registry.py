@@ -55,6 +55,7 @@ class RouteInfo:
     prefill_tokens_per_s: float = 0.0
     decode_step_base_ms: float = 0.0
     decode_step_per_seq_ms: float = 0.0
+    max_num_seqs: int = 0   # the engine's seats (RouteEntry.max_num_seqs); 0 = unknown
 
     @classmethod
     def from_entry(cls, e) -> RouteInfo:
@@ -63,7 +64,7 @@ class RouteInfo:
                    kv_capacity_tokens=e.kv_capacity_tokens, running=e.running, waiting=e.waiting,
                    endpoint=e.endpoint.rstrip("/"), ttft_p95_ms=e.ttft_p95_ms, itl_p95_ms=e.itl_p95_ms,
                    prefill_tokens_per_s=e.prefill_tokens_per_s, decode_step_base_ms=e.decode_step_base_ms,
-                   decode_step_per_seq_ms=e.decode_step_per_seq_ms)
+                   decode_step_per_seq_ms=e.decode_step_per_seq_ms, max_num_seqs=e.max_num_seqs)
 
     @property
     def kv_usage(self) -> float:

@@ -137,9 +137,9 @@ class _Candidates:
     entries: tuple[RouteInfo, ...]
     exclude: frozenset[str]
     # id, prefill tokens/s, base step s, per-sequence step s, KV capacity, KV used by the table
-    # (read only where the capacity is known, > 0): the rates' figures unpacked once per table,
-    # not per pick.
-    rows: list[tuple[str, float, float, float, float, float]]
+    # (read only where the capacity is known, > 0), seats (0 = unknown): the rates' figures
+    # unpacked once per table, not per pick.
+    rows: list[tuple[str, float, float, float, float, float, float]]
     table: int                                           # running + waiting over the candidates
     by_id: dict[str, RouteInfo]                          # every entry of the table
 
@@ -251,7 +251,7 @@ class TidegatePolicy:
             # _load's KV: the table's figure takes part only when the capacity is known.
             reported = cap - max(0, e.kv_free_tokens) if cap > 0 else 0.0
             r = rates[e.replica_id]
-            rows.append((e.replica_id, r.prefill_tps, r.step_base_s, r.step_per_seq_s, cap, reported))
+            rows.append((e.replica_id, r.prefill_tps, r.step_base_s, r.step_per_seq_s, cap, reported, r.seats))
             table += max(0, e.running) + max(0, e.waiting)
         self._cands = _Candidates(snapshot.entries, snapshot.exclude, rows, table,
                                   {e.replica_id: e for e in snapshot.entries})
@@ -318,7 +318,7 @@ class TidegatePolicy:
         # The fitting ones' costs are finite (ttft and tpot within finite targets), so this is
         # min() over them, the same value.
         best = math.inf
-        for rid, tps, base, per_seq, cap, reported in cands.rows:
+        for rid, tps, base, per_seq, cap, reported, seats in cands.rows:
             own = own_of(rid, idle)
             if peer_of is None:
                 queued, batch, keys = own.queued * scale, own.decoding * scale, own.stall_keys
@@ -350,6 +350,11 @@ class TidegatePolicy:
                     # The KV in use drains as its sequences finish, over about `remaining` steps each.
                     kv_wait = shortfall / ((1.0 if 1.0 > kv_used else kv_used) / (remaining * step))
                     ttft += kv_wait
+            if seats > 0.0 and batch > 0.0:   # past the engine's seats: the wait for a running one to finish
+                n = own.waiting + own.decoding
+                excess = (n * scale if peer_of is None else n + peer.sequences) + 1.0 - seats
+                if excess > 0.0:
+                    ttft += excess * 2.0 * remaining * step / (batch if batch < seats else seats)
             step_joined = base + per_seq * (batch + 1)     # step_s(batch + 1): the batch it joins
             tpot = step_joined + prefill_s / remaining
             cost = ttft / ttft_slo + tpot / tpot_slo

@@ -84,6 +84,7 @@ class ReplicaView:
     prefill_tokens_per_s: float = 0.0
     decode_step_base_ms: float = 0.0
     decode_step_per_seq_ms: float = 0.0
+    max_num_seqs: int = 0              # the engine's limit on running sequences, as reported; 0 = unknown
     # SLO feedback (tidegate.policy.feedback): multiplier in (0, 1] on the weight, and why.
     slo_factor: float = 1.0
     slo_note: str = ""
@@ -206,6 +207,7 @@ def route_entry(view: ReplicaView, decision: ReplicaDecision) -> records_pb2.Rou
         prefill_tokens_per_s=view.prefill_tokens_per_s,
         decode_step_base_ms=view.decode_step_base_ms,
         decode_step_per_seq_ms=view.decode_step_per_seq_ms,
+        max_num_seqs=view.max_num_seqs,
     )
 
 
@@ -222,12 +224,13 @@ def compute_pool_tables(
 
 
 def routing_key(entries: Iterable[records_pb2.RouteEntry]) -> tuple[tuple, ...]:
-    """The part of a table that changes routing: identity, location, state, weight and the fitted
-    rates (quantized on a 4 % grid with hysteresis, so they move only when the engine does).
+    """The part of a table that changes routing: identity, location, state, weight, the fitted
+    rates (quantized on a 4 % grid with hysteresis, so they move only when the engine does) and
+    the engine's seats (max_num_seqs: set at its start).
     Informational fields (KV tokens, queue, latencies, reason) are a snapshot taken when this key
     last changed; they alone never trigger a rewrite."""
     return tuple((e.replica_id, e.endpoint, e.region, e.zone, e.state, e.weight, e.prefill_tokens_per_s,
-                  e.decode_step_base_ms, e.decode_step_per_seq_ms) for e in entries)
+                  e.decode_step_base_ms, e.decode_step_per_seq_ms, e.max_num_seqs) for e in entries)
 
 
 def _pressure(view: ReplicaView, free: float, cfg: WeightPolicyConfig) -> list[str]:

@@ -32,7 +32,7 @@ REPLICA_STATE_EJECTED: ReplicaState
 REPLICA_STATE_STALE: ReplicaState
 
 class RouteEntry(_message.Message):
-    __slots__ = ("replica_id", "endpoint", "region", "zone", "state", "weight", "kv_capacity_tokens", "kv_free_tokens", "running", "waiting", "ttft_p95_ms", "itl_p95_ms", "reason", "prefill_tokens_per_s", "decode_step_base_ms", "decode_step_per_seq_ms")
+    __slots__ = ("replica_id", "endpoint", "region", "zone", "state", "weight", "kv_capacity_tokens", "kv_free_tokens", "running", "waiting", "ttft_p95_ms", "itl_p95_ms", "reason", "prefill_tokens_per_s", "decode_step_base_ms", "decode_step_per_seq_ms", "max_num_seqs")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class RouteEntry(_message.Message):
     PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     DECODE_STEP_BASE_MS_FIELD_NUMBER: _ClassVar[int]
     DECODE_STEP_PER_SEQ_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     endpoint: str
     region: str
@@ -65,7 +66,8 @@ class RouteEntry(_message.Message):
     prefill_tokens_per_s: float
     decode_step_base_ms: float
     decode_step_per_seq_ms: float
-    def __init__(self, replica_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., weight: _Optional[float] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., ttft_p95_ms: _Optional[float] = ..., itl_p95_ms: _Optional[float] = ..., reason: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_base_ms: _Optional[float] = ..., decode_step_per_seq_ms: _Optional[float] = ...) -> None: ...
+    max_num_seqs: int
+    def __init__(self, replica_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., weight: _Optional[float] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., ttft_p95_ms: _Optional[float] = ..., itl_p95_ms: _Optional[float] = ..., reason: _Optional[str] = ..., prefill_tokens_per_s: _Optional[float] = ..., decode_step_base_ms: _Optional[float] = ..., decode_step_per_seq_ms: _Optional[float] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
 
 class RoutingTable(_message.Message):
     __slots__ = ("pool", "generation", "computed_at", "leader_id", "replicas", "schema_version", "slo")
