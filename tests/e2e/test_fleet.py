@@ -20,6 +20,7 @@ from etcd_records import etcd_json  # type: ignore[import-not-found]
 from polling import wait_until  # type: ignore[import-not-found]
 
 from tidegate.fleet.up import Fleet, UpConfig
+from tidegate.simulator.profiles import get_profile
 
 pytestmark = pytest.mark.e2e
 
@@ -96,6 +97,10 @@ def test_requests_stream_through_and_spread(fleet: tuple[Fleet, dict[str, Any]])
     table = _table(info)
     assert table["pool"] == MODEL
     assert {r["replicaId"] for r in table["replicas"]} == {"replica-0", "replica-1"}
+    # The engines' seats (the agents' --engine-max-num-seqs, from the profile) reach the routers:
+    # the pick's seat wait reads them.
+    seats = get_profile("instant").max_num_seqs
+    assert seats > 0 and all(r.get("maxNumSeqs") == seats for r in table["replicas"]), table["replicas"]
 
 
 def test_dead_agent_stops_routing_to_its_replica(fleet: tuple[Fleet, dict[str, Any]]) -> None:
