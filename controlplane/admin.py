@@ -144,7 +144,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             waiting=view.waiting, running=view.running, ttft_p95_ms=view.ttft_p95_ms,
             itl_p95_ms=view.itl_p95_ms, gpu_memory_used_bytes=mem_used, gpu_memory_total_bytes=mem_total,
             report_age_s=view.report_age_s, reason=d.reason,
-            gpu_telemetry_available=view.gpu_telemetry_available,
+            gpu_telemetry_available=view.gpu_telemetry_available, max_num_seqs=view.max_num_seqs,
         )
 
     async def ListReplicas(self, request: admin_pb2.ListReplicasRequest,  # noqa: N802

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from google.protobuf import timestamp_pb2
 from rich.console import Console
 
@@ -58,7 +60,8 @@ def test_replicas_json_schema() -> None:
     assert doc["controlplane_id"] == "cp-0" and doc["leader"] is True
     r = doc["replicas"][0]
     assert set(r) == {"id", "pool", "region", "zone", "endpoint", "state", "weight", "kv_cache_usage", "waiting",
-                      "queued_prefill_tokens", "running", "ttft_p95_ms", "itl_p95_ms", "gpu_telemetry_available",
+                      "queued_prefill_tokens", "running", "max_num_seqs", "ttft_p95_ms", "itl_p95_ms",
+                      "gpu_telemetry_available",
                       "gpu_memory_used_bytes", "gpu_memory_total_bytes", "report_age_s", "reason"}
     assert r["state"] == "ready" and r["queued_prefill_tokens"] == 12_345 and r["gpu_memory_total_bytes"] == 80 * GiB
 
@@ -189,3 +192,13 @@ def test_top_frame_compact_on_a_narrow_terminal() -> None:
     text = console.export_text()
     assert "replica-12" in text and "ready" in text and "…" not in text
     assert "REASON" not in text and "GPU-MEM" not in text
+
+
+@pytest.mark.parametrize(("seats", "line"), [
+    pytest.param(256, "Running:      7 of 256 seats", id="seats-known"),
+    pytest.param(0, "Running:      7\n", id="seats-unknown"),
+])
+def test_describe_shows_the_engines_seats(seats: int, line: str) -> None:
+    text = render.describe_text(admin_pb2.ReplicaDetail(summary=summary(running=7, max_num_seqs=seats)))
+    assert line in text
+    assert render.replica_json(summary(max_num_seqs=seats))["max_num_seqs"] == seats

@@ -117,6 +117,7 @@ def replica_json(s: admin_pb2.ReplicaSummary) -> dict[str, Any]:
         "id": s.replica_id, "pool": s.pool, "region": s.region, "zone": s.zone, "endpoint": s.endpoint,
         "state": state_name(s.state), "weight": s.weight, "kv_cache_usage": s.kv_cache_usage,
         "waiting": s.waiting, "queued_prefill_tokens": s.queued_prefill_tokens, "running": s.running,
+        "max_num_seqs": s.max_num_seqs,
         "ttft_p95_ms": s.ttft_p95_ms, "itl_p95_ms": s.itl_p95_ms,
         "gpu_telemetry_available": s.gpu_telemetry_available,
         "gpu_memory_used_bytes": s.gpu_memory_used_bytes, "gpu_memory_total_bytes": s.gpu_memory_total_bytes,
@@ -306,7 +307,8 @@ def describe_text(d: admin_pb2.ReplicaDetail) -> str:
     out.append("Load:")
     out += _kv([("KV cache use", fmt_pct(s.kv_cache_usage)),
                 ("Waiting", f"{s.waiting} requests, {s.queued_prefill_tokens} prefill tokens"),
-                ("Running", str(s.running)), ("TTFT P95", fmt_ms(s.ttft_p95_ms)),
+                ("Running", f"{s.running} of {s.max_num_seqs} seats" if s.max_num_seqs > 0 else str(s.running)),
+                ("TTFT P95", fmt_ms(s.ttft_p95_ms)),
                 ("ITL P95", fmt_ms(s.itl_p95_ms)), ("GPU memory", gpu_mem(s))], indent=2)
     out.append("Intent:")
     if d.HasField("intent") and d.intent.replica_id:

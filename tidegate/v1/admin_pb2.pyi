@@ -27,7 +27,7 @@ class Selector(_message.Message):
     def __init__(self, replica_ids: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ReplicaSummary(_message.Message):
-    __slots__ = ("replica_id", "pool", "region", "zone", "endpoint", "state", "weight", "kv_cache_usage", "waiting", "queued_prefill_tokens", "running", "ttft_p95_ms", "itl_p95_ms", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "report_age_s", "reason", "gpu_telemetry_available")
+    __slots__ = ("replica_id", "pool", "region", "zone", "endpoint", "state", "weight", "kv_cache_usage", "waiting", "queued_prefill_tokens", "running", "ttft_p95_ms", "itl_p95_ms", "gpu_memory_used_bytes", "gpu_memory_total_bytes", "report_age_s", "reason", "gpu_telemetry_available", "max_num_seqs")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class ReplicaSummary(_message.Message):
     REPORT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     GPU_TELEMETRY_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     pool: str
     region: str
@@ -64,7 +65,8 @@ class ReplicaSummary(_message.Message):
     report_age_s: float
     reason: str
     gpu_telemetry_available: bool
-    def __init__(self, replica_id: _Optional[str] = ..., pool: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., endpoint: _Optional[str] = ..., state: _Optional[_Union[_records_pb2.ReplicaState, str]] = ..., weight: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., waiting: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., running: _Optional[int] = ..., ttft_p95_ms: _Optional[float] = ..., itl_p95_ms: _Optional[float] = ..., gpu_memory_used_bytes: _Optional[int] = ..., gpu_memory_total_bytes: _Optional[int] = ..., report_age_s: _Optional[float] = ..., reason: _Optional[str] = ..., gpu_telemetry_available: _Optional[bool] = ...) -> None: ...
+    max_num_seqs: int
+    def __init__(self, replica_id: _Optional[str] = ..., pool: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., endpoint: _Optional[str] = ..., state: _Optional[_Union[_records_pb2.ReplicaState, str]] = ..., weight: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., waiting: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., running: _Optional[int] = ..., ttft_p95_ms: _Optional[float] = ..., itl_p95_ms: _Optional[float] = ..., gpu_memory_used_bytes: _Optional[int] = ..., gpu_memory_total_bytes: _Optional[int] = ..., report_age_s: _Optional[float] = ..., reason: _Optional[str] = ..., gpu_telemetry_available: _Optional[bool] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
 
 class ListReplicasRequest(_message.Message):
     __slots__ = ("pool", "region", "state")
