@@ -4,7 +4,9 @@ text into prefix blocks (router/parse.py: the count encodes the text once for bo
 request_prefix_hashes) plus the prediction and pick over a pool (TidegatePolicy.pick), with the
 pool already carrying in-flight work from earlier dispatches.
 
-    python scripts/bench_pick.py [--prompt-tokens 4096] [--replicas 16] [--inflight 200] [--n 3000]
+    python scripts/bench_pick.py [--prompt-tokens 4096] [--replicas 16] [--inflight 200] [--n 3000] [--seats 256]
+
+(`--seats 4`: every replica's seats taken, so the pick's seat wait is computed on every candidate.)
 
 Prints microseconds per request (median of 5 rounds) for the count and hashing, for the pick, and
 both (the count was always paid; it is timed with the hashing because they share the encoding). Issue 8
@@ -39,10 +41,11 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=16)
     ap.add_argument("--inflight", type=int, default=200, help="requests already dispatched over the pool")
     ap.add_argument("--n", type=int, default=3000, help="requests per round")
+    ap.add_argument("--seats", type=int, default=256, help="each engine's max_num_seqs in the table (0 = unknown)")
     args = ap.parse_args()
 
     entries = tuple(RouteInfo(replica_id=f"replica-{i}", weight=50.0, running=8, waiting=1, kv_free_tokens=300_000,
-                              kv_capacity_tokens=400_000, endpoint=f"http://r{i}", **RATES)
+                              kv_capacity_tokens=400_000, endpoint=f"http://r{i}", max_num_seqs=args.seats, **RATES)
                     for i in range(args.replicas))
     snap = PoolSnapshot(entries)
     rng = random.Random(0)
