@@ -168,6 +168,26 @@ class ReplicaRecord:
     # Its fitted prefill rate has been published as its own once (predict.unbacked_prefill: only
     # a first claim of a faster kind waits for evidence). Reset with the fit.
     prefill_settled: bool = False
+    # (seats, running): a max_num_seqs its engine was seen to run past, and how many it ran
+    # (_check_seats); (0, 0): none.
+    seats_refuted: tuple[int, int] = (0, 0)
+
+
+def _check_seats(rec: ReplicaRecord, stats: CleanStats) -> CleanStats:
+    """An engine never runs more sequences than its max_num_seqs, so one seen running more proves
+    the reported seats wrong (an agent's --engine-max-num-seqs that is not its engine's setting).
+    From then on that figure reads as unknown: no seat wait in the pick, no seat bound in the
+    admission budget, rather than a replica with room predicted full and throttled. A different
+    figure (the agent restarted with the engine's own) is believed again."""
+    seats = stats.max_num_seqs
+    if seats <= 0:
+        return stats
+    if stats.running > seats:
+        rec.seats_refuted = (seats, max(stats.running, rec.seats_refuted[1] if rec.seats_refuted[0] == seats else 0))
+    if rec.seats_refuted[0] != seats:
+        return stats
+    flag = f"max_num_seqs {seats} < running {rec.seats_refuted[1]} seen (seats unknown)"
+    return dataclasses.replace(stats, max_num_seqs=0, flags=(*stats.flags, flag))
 
 
 def _rate_estimator(hello: telemetry_pb2.Hello, cfg: RateEstimatorConfig | None = None) -> RateEstimator:
@@ -247,7 +267,7 @@ class FleetState:
             self.on_hello(hello)
             rec = self._replicas[hello.replica_id]
         now = self._now()
-        stats = sanitize(report)
+        stats = _check_seats(rec, sanitize(report))
         rate = 0.0
         if rec.report_at is not None and now > rec.report_at:
             delta = stats.preemptions_total - rec.stats.preemptions_total

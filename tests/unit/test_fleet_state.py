@@ -303,3 +303,19 @@ def test_the_table_carries_the_engines_seats(fleet: FleetState, clock: FakeClock
     fleet.on_report(hello(), report(max_num_seqs=128))
     view = fleet.view("r1")
     assert view is not None and view.max_num_seqs == 128
+
+
+def test_seats_an_engine_runs_past_read_as_unknown(fleet: FleetState, clock: FakeClock) -> None:
+    """An agent told the wrong --engine-max-num-seqs: the engine runs more than that, so the figure
+    is not believed (a replica with room would be predicted full and throttled), for as long as
+    that figure is reported, with a reason; the right figure is believed again."""
+    fleet.on_report(hello(), report(max_num_seqs=16, num_requests_running=12))
+    assert fleet.view("r1").max_num_seqs == 16   # type: ignore[union-attr]
+    fleet.on_report(hello(), report(max_num_seqs=16, num_requests_running=40))
+    view = fleet.view("r1")
+    assert view is not None and view.max_num_seqs == 0
+    assert "max_num_seqs 16 < running 40 seen (seats unknown)" in view.telemetry_flags
+    fleet.on_report(hello(), report(max_num_seqs=16, num_requests_running=3))   # quiet now: still refuted
+    assert fleet.view("r1").max_num_seqs == 0   # type: ignore[union-attr]
+    fleet.on_report(hello(), report(max_num_seqs=256, num_requests_running=40))  # restarted with the right one
+    assert fleet.view("r1").max_num_seqs == 256   # type: ignore[union-attr]

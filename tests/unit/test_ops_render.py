@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from google.protobuf import timestamp_pb2
 from rich.console import Console
 

@@ -252,7 +252,8 @@ def predict_rows(loads: Iterable[tuple], prompt_tokens: int, output_tokens: floa
     remaining = remaining_output if remaining_output > 1.0 else 1.0
     ceil, bisect_right = math.ceil, bisect.bisect_right
     rows = []
-    for replica_id, queued, decoding, kv_used, kv_capacity, stall_keys, stalled_s, per_key, rates, cached, seqs in loads:
+    for (replica_id, queued, decoding, kv_used, kv_capacity, stall_keys, stalled_s, per_key, rates, cached,
+         seqs) in loads:
         cached = int(cached)
         if cached > prompt - 1:
             cached = prompt - 1
