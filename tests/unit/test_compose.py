@@ -34,3 +34,22 @@ def test_command_is_valid(service: str) -> None:
     module = importlib.import_module(COMMANDS[argv[0]][0])
     cfg = load(module.CONFIG_CLASS, argv[0], args, None, environ={})
     assert cfg is not None
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_each_agent_reports_its_engines_seats() -> None:
+    """vLLM does not export max_num_seqs, so the agent is told: the same figure as the engine it
+    watches runs with (its profile's), or the pick's seat wait and the budget's seat bound are off."""
+    from tidegate.simulator.profiles import get_profile
+
+    sims = {name: svc["command"] for name, svc in TIDEGATE_SERVICES.items() if svc["command"][0] == "sim"}
+    agents = [svc["command"] for svc in TIDEGATE_SERVICES.values() if svc["command"][0] == "agent"]
+    assert agents
+    for argv in agents:
+        engine = _flag(argv, "--engine-url")
+        assert engine is not None
+        sim = sims[engine.split("//")[1].split(":")[0]]
+        assert _flag(argv, "--engine-max-num-seqs") == str(get_profile(_flag(sim, "--profile") or "").max_num_seqs)
