@@ -182,11 +182,15 @@ def _check_seats(rec: ReplicaRecord, stats: CleanStats) -> CleanStats:
     seats = stats.max_num_seqs
     if seats <= 0:
         return stats
+    refuted, most_seen = rec.seats_refuted
+    if refuted != seats:   # a figure not refuted yet (or another one than the refuted)
+        refuted, most_seen = 0, 0
     if stats.running > seats:
-        rec.seats_refuted = (seats, max(stats.running, rec.seats_refuted[1] if rec.seats_refuted[0] == seats else 0))
-    if rec.seats_refuted[0] != seats:
+        refuted, most_seen = seats, max(most_seen, stats.running)
+        rec.seats_refuted = (refuted, most_seen)
+    if refuted != seats:
         return stats
-    flag = f"max_num_seqs {seats} < running {rec.seats_refuted[1]} seen (seats unknown)"
+    flag = f"max_num_seqs {seats} < running {most_seen} seen (seats unknown)"
     return dataclasses.replace(stats, max_num_seqs=0, flags=(*stats.flags, flag))
 
 
