@@ -16,6 +16,7 @@ import hashlib
 import math
 import random
 
+import pytest
 import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,7 +34,7 @@ _MASK = (1 << 64) - 1
 
 
 def ref_predict(rid, load, rates, prompt_tokens, cached_tokens, output_tokens, remaining_output, ttft_slo_s,
-                tpot_slo_s) -> Prediction:
+                tpot_slo_s, running_left=None) -> Prediction:
     """predict.predict as first written (README.md's formulas, one line each)."""
     def step_s(batch):
         return rates.step_base_s + rates.step_per_seq_s * max(0.0, batch)
@@ -47,13 +48,14 @@ def ref_predict(rid, load, rates, prompt_tokens, cached_tokens, output_tokens, r
     ttft = prefill_s + math.ceil(work / 8192) * step
     kv_wait = 0.0
     remaining = max(1.0, remaining_output)
+    left = remaining if running_left is None else max(1.0, running_left)
     if load.kv_capacity > 0:
         shortfall = work + max(0.0, output_tokens) - (load.kv_capacity - max(0.0, load.kv_used))
         if shortfall > 0:
-            kv_wait = shortfall / (max(load.kv_used, 1.0) / (remaining * step))
+            kv_wait = shortfall / (max(load.kv_used, 1.0) / (left * step))
     ttft += kv_wait
     if rates.seats > 0 and batch > 0 and load.sequences + 1 - rates.seats > 0:
-        ttft += (load.sequences + 1.0 - rates.seats) * 2.0 * remaining * step / min(batch, rates.seats)
+        ttft += (load.sequences + 1.0 - rates.seats) * 2.0 * left * step / min(batch, rates.seats)
     tpot = step_s(batch + 1) + prefill_s / remaining
     stall = own / rates.prefill_tps
     keys = load.stall_keys
@@ -117,6 +119,12 @@ def ref_predictions(pol: TidegatePolicy, snap: PoolSnapshot, request: RequestFea
     rates = pool_rates(snap.entries)
     out = max(1.0, float(request.max_tokens) * pol._cap_use) if request.max_tokens else pol._mean_output
     remaining = max(1.0, pol._mean_output / 2)
+    # What the sequences decoding now have left: half the mean expected output of this router's
+    # requests past their first token (the learned mean answer before any). The policy keeps the
+    # sum as it goes (added and taken away in another order than a fresh sum: equal to rounding).
+    running = [f.output for f in pol._flights.values() if f.started]
+    assert pol._running == len(running) and pol._running_output == pytest.approx(sum(running), rel=1e-9, abs=1e-6)
+    left = max(1.0, (pol._running_output / pol._running if running else pol._mean_output) / 2)
     table = sum(max(0, x.running) + max(0, x.waiting) for x in cands)
     mine = sum(o.waiting + o.decoding for o in pol._own.values())
     share = 1.0 if table <= 0 or mine <= 0 else min(1.0, max(MIN_SHARE, mine / table))
@@ -148,7 +156,8 @@ def ref_predictions(pol: TidegatePolicy, snap: PoolSnapshot, request: RequestFea
             kv_used = max(kv * scale, cap - max(0, x.kv_free_tokens)) if cap > 0 else kv * scale
             load = ReplicaLoad(queued * scale, decoding * scale, kv_used, cap, keys, stalled, scale, seqs * scale)
         pred = ref_predict(x.replica_id, load, rates[x.replica_id], request.prompt_tokens,
-                           ref_cached_tokens(pol, x.replica_id, request), out, remaining, slo.ttft_s, slo.tpot_s)
+                           ref_cached_tokens(pol, x.replica_id, request), out, remaining, slo.ttft_s, slo.tpot_s,
+                           left)
         guesses = own.guess_keys if own is not None else []
         if guesses:
             # Requests without max_tokens: their keys count in pushed_out (admission's open rule),
@@ -364,11 +373,12 @@ def run_scenario(pools, ops, policy_slo, router_id: str | None = None) -> None:
                                                          Rates(45_000.0, 0.008, 0.00015, 2.0))),
        seqs=st.floats(-2, 600),
        prompt=st.integers(-5, 100_000), cached=st.integers(-5, 100_000), out=st.floats(-5, 4_000),
-       remaining=st.floats(-5, 4_000), ttft=st.sampled_from((0.1, 2.0)), tpot=st.sampled_from((0.01, 0.1)))
+       remaining=st.floats(-5, 4_000), ttft=st.sampled_from((0.1, 2.0)), tpot=st.sampled_from((0.01, 0.1)),
+       left=st.none() | st.floats(-5, 4_000))
 def test_predict_matches_the_plain_formulation(queued, decoding, kv_used, cap, keys, stalled, per_key, rates, seqs,
-                                               prompt, cached, out, remaining, ttft, tpot):
+                                               prompt, cached, out, remaining, ttft, tpot, left):
     load = ReplicaLoad(queued, decoding, kv_used, cap, keys, stalled, per_key, seqs)
-    args = (rates, prompt, cached, out, remaining, ttft, tpot)
+    args = (rates, prompt, cached, out, remaining, ttft, tpot, left)
     assert predict("r", load, *args) == ref_predict("r", load, *args)
 
 

@@ -201,21 +201,26 @@ def prefill_budget(rates: Rates, decoding: float, tpot_slo_s: float) -> float:
 
 
 def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int, cached_tokens: int,
-            output_tokens: float, remaining_output: float, ttft_slo_s: float, tpot_slo_s: float) -> Prediction:
+            output_tokens: float, remaining_output: float, ttft_slo_s: float, tpot_slo_s: float,
+            running_left: float | None = None) -> Prediction:
     """TTFT and TPOT of a request of `prompt_tokens` (of which `cached_tokens` hit the cache) that
     will generate about `output_tokens`, joining `load`. `remaining_output` is the typical number
-    of tokens a sequence decoding there still has to produce (over which prefill stretches it).
+    of tokens a sequence decoding there still has to produce (over which prefill stretches it: a
+    request's share, half the mean answer). `running_left` (None: `remaining_output`) is what the
+    sequences running there now still have to write on average, over which they hold their KV and
+    their seats (see README.md §3: the sequences running at any moment are not a fair sample of
+    the answers, and in a burst the short ones have finished first).
 
         work    = queued_prefill + (prompt - cached)
         ttft    = work / prefill_tps + ceil(work / CHUNK_TOKENS) * step_s(decoding) + kv_wait + seat_wait
-        kv_wait = shortfall / (kv_used / (remaining_output * step_s(decoding)))   when the KV
+        kv_wait = shortfall / (kv_used / (running_left * step_s(decoding)))   when the KV
                   cannot hold work + output: decoders free their KV over their remaining steps
-        seat_wait = (sequences + 1 - seats) * 2 * remaining_output * step_s(decoding) / min(decoding, seats)
+        seat_wait = (sequences + 1 - seats) * 2 * running_left * step_s(decoding) / min(decoding, seats)
                   when the request finds the engine's seats taken: it waits for that many of the
-                  running sequences to finish, and they finish at decoding / (mean output x step)
-                  per second (Little's law; a running sequence's whole output is about twice what
-                  it has left, `remaining_output`). The prefill of those admitted ahead of it is
-                  already in `work`.
+                  running sequences to finish. Each is taken to be halfway through its answer, so
+                  their ends spread over the next 2 * running_left steps and they finish at
+                  min(decoding, seats) / (2 * running_left * step) per second. The prefill of
+                  those admitted ahead of it is already in `work`.
         tpot    = step_s(decoding + 1) + (work / prefill_tps) / remaining_output
         stall   = (prompt - cached) / prefill_tps
         pushed  = sequences there whose remaining stall budget is within `stall` (pushed_out)
@@ -230,11 +235,12 @@ def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int
     """
     row = (replica_id, load.queued_prefill, load.decoding, load.kv_used, load.kv_capacity, load.stall_keys,
            load.stalled_s, load.per_key, rates, cached_tokens, load.sequences)
-    return Prediction(*predict_rows((row,), prompt_tokens, output_tokens, remaining_output, ttft_slo_s, tpot_slo_s)[0])
+    return Prediction(*predict_rows((row,), prompt_tokens, output_tokens, remaining_output, ttft_slo_s, tpot_slo_s,
+                                    running_left)[0])
 
 
 def predict_rows(loads: Iterable[tuple], prompt_tokens: int, output_tokens: float, remaining_output: float,
-                 ttft_slo_s: float, tpot_slo_s: float) -> list[tuple]:
+                 ttft_slo_s: float, tpot_slo_s: float, running_left: float | None = None) -> list[tuple]:
     """`predict` for one request on many replicas, as plain tuples in Prediction's field order.
 
     Each load is (replica_id, queued_prefill, decoding, kv_used, kv_capacity, stall_keys, stalled_s,
@@ -250,6 +256,7 @@ def predict_rows(loads: Iterable[tuple], prompt_tokens: int, output_tokens: floa
     prompt = int(prompt_tokens)
     output = output_tokens if output_tokens > 0.0 else 0.0
     remaining = remaining_output if remaining_output > 1.0 else 1.0
+    left = remaining if running_left is None else (running_left if running_left > 1.0 else 1.0)
     ceil, bisect_right = math.ceil, bisect.bisect_right
     rows = []
     for (replica_id, queued, decoding, kv_used, kv_capacity, stall_keys, stalled_s, per_key, rates, cached,
@@ -274,15 +281,15 @@ def predict_rows(loads: Iterable[tuple], prompt_tokens: int, output_tokens: floa
         if kv_capacity > 0:
             shortfall = work + output - (kv_capacity - (kv_used if kv_used > 0.0 else 0.0))
             if shortfall > 0:
-                # The KV in use drains as its sequences finish, over about `remaining` steps each.
-                drain_tps = (1.0 if 1.0 > kv_used else kv_used) / (remaining * step)
+                # The KV in use drains as its sequences finish, over about `left` steps each.
+                drain_tps = (1.0 if 1.0 > kv_used else kv_used) / (left * step)
                 kv_wait = shortfall / drain_tps
         ttft += kv_wait
         seats = rates.seats
         if seats > 0.0 and batch > 0.0:
             excess = seqs + 1.0 - seats
             if excess > 0.0:
-                ttft += excess * 2.0 * remaining * step / (batch if batch < seats else seats)
+                ttft += excess * 2.0 * left * step / (batch if batch < seats else seats)
         step_joined = base + per_seq * (batch + 1)     # step_s(batch + 1): the batch it joins
         tpot = step_joined + prefill_s / remaining
         stall = own / tps
