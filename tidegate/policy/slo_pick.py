@@ -221,8 +221,8 @@ class TidegatePolicy:
         for as long as its answer, so long ones are over-represented among those running, and
         while a burst fills the replicas the short answers finish first, which pulls the learned
         mean down just when the running ones hold the seats and the KV longest (48 x H100, Azure
-        conversation at load 1.482: a learned mean of 58-87 tokens while the engines' running
-        sequences had 165-240 left; README.md §2)."""
+        conversation at load 1.482, its last seconds: a learned mean of 70-79 tokens while the
+        engines' running sequences had 165-174 left; README.md §3)."""
         mean = self._running_output / self._running if self._running > 0 else self._mean_output
         return mean / 2
 
