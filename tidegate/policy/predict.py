@@ -202,25 +202,24 @@ def prefill_budget(rates: Rates, decoding: float, tpot_slo_s: float) -> float:
 
 def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int, cached_tokens: int,
             output_tokens: float, remaining_output: float, ttft_slo_s: float, tpot_slo_s: float,
-            running_left: float | None = None) -> Prediction:
+            left_output: float | None = None) -> Prediction:
     """TTFT and TPOT of a request of `prompt_tokens` (of which `cached_tokens` hit the cache) that
     will generate about `output_tokens`, joining `load`. `remaining_output` is the typical number
     of tokens a sequence decoding there still has to produce (over which prefill stretches it: a
-    request's share, half the mean answer). `running_left` (None: `remaining_output`) is what the
-    sequences running there now still have to write on average, over which they hold their KV and
-    their seats (see README.md §3: the sequences running at any moment are not a fair sample of
-    the answers, and in a burst the short ones have finished first).
+    request's share, half the mean answer). `left_output` (None: `remaining_output`) is half the
+    mean answer of the requests being sent, over which the running sequences free their seats and
+    their KV (README.md §3: in a burst the answers that finish are the short ones, so a mean learned
+    from them is short just when the seats are held longest).
 
         work    = queued_prefill + (prompt - cached)
         ttft    = work / prefill_tps + ceil(work / CHUNK_TOKENS) * step_s(decoding) + kv_wait + seat_wait
-        kv_wait = shortfall / (kv_used / (running_left * step_s(decoding)))   when the KV
+        kv_wait = shortfall / (kv_used / (left_output * step_s(decoding)))   when the KV
                   cannot hold work + output: decoders free their KV over their remaining steps
-        seat_wait = (sequences + 1 - seats) * 2 * running_left * step_s(decoding) / min(decoding, seats)
+        seat_wait = (sequences + 1 - seats) * 2 * left_output * step_s(decoding) / min(decoding, seats)
                   when the request finds the engine's seats taken: it waits for that many of the
-                  running sequences to finish. Each is taken to be halfway through its answer, so
-                  their ends spread over the next 2 * running_left steps and they finish at
-                  min(decoding, seats) / (2 * running_left * step) per second. The prefill of
-                  those admitted ahead of it is already in `work`.
+                  running sequences to finish, and they finish at min(decoding, seats) /
+                  (mean answer x step) per second (Little's law; 2 * left_output is the mean
+                  answer). The prefill of those admitted ahead of it is already in `work`.
         tpot    = step_s(decoding + 1) + (work / prefill_tps) / remaining_output
         stall   = (prompt - cached) / prefill_tps
         pushed  = sequences there whose remaining stall budget is within `stall` (pushed_out)
@@ -236,11 +235,11 @@ def predict(replica_id: str, load: ReplicaLoad, rates: Rates, prompt_tokens: int
     row = (replica_id, load.queued_prefill, load.decoding, load.kv_used, load.kv_capacity, load.stall_keys,
            load.stalled_s, load.per_key, rates, cached_tokens, load.sequences)
     return Prediction(*predict_rows((row,), prompt_tokens, output_tokens, remaining_output, ttft_slo_s, tpot_slo_s,
-                                    running_left)[0])
+                                    left_output)[0])
 
 
 def predict_rows(loads: Iterable[tuple], prompt_tokens: int, output_tokens: float, remaining_output: float,
-                 ttft_slo_s: float, tpot_slo_s: float, running_left: float | None = None) -> list[tuple]:
+                 ttft_slo_s: float, tpot_slo_s: float, left_output: float | None = None) -> list[tuple]:
     """`predict` for one request on many replicas, as plain tuples in Prediction's field order.
 
     Each load is (replica_id, queued_prefill, decoding, kv_used, kv_capacity, stall_keys, stalled_s,
@@ -256,7 +255,7 @@ def predict_rows(loads: Iterable[tuple], prompt_tokens: int, output_tokens: floa
     prompt = int(prompt_tokens)
     output = output_tokens if output_tokens > 0.0 else 0.0
     remaining = remaining_output if remaining_output > 1.0 else 1.0
-    left = remaining if running_left is None else (running_left if running_left > 1.0 else 1.0)
+    left = remaining if left_output is None else (left_output if left_output > 1.0 else 1.0)
     ceil, bisect_right = math.ceil, bisect.bisect_right
     rows = []
     for (replica_id, queued, decoding, kv_used, kv_capacity, stall_keys, stalled_s, per_key, rates, cached,

@@ -93,7 +93,6 @@ class _Flight:
     blocks: PrefixBlocks | None = None   # its prefix blocks, pinned in the index until it completes
     guessed: bool = False   # its key is among the guessed ones (no max_tokens: see on_dispatch)
     started: bool = False
-    output: float = 0.0     # its expected output tokens when dispatched (_output)
     plan_tpot_s: float = 0.0   # the TPOT its stall budget was planned to (on_tpot compares)
 
 
@@ -170,10 +169,8 @@ class TidegatePolicy:
         self._mean_output = float(DEFAULT_OUTPUT_TOKENS)
         # Observed output / max_tokens: clients set max_tokens as a cap, often far above the answer.
         self._cap_use = 1.0
-        # The expected outputs of this router's requests now decoding (after their first token),
-        # summed, and how many they are: what the sequences running now have left (_running_left).
-        self._running_output = 0.0
-        self._running = 0
+        # Mean expected output of the requests this router dispatched (None: none yet): _left.
+        self._sent_output: float | None = None
         self._share = 1.0   # this router's share of the pool's in-flight, at the last pick
         self._tpot_slo_s = self.slo.tpot_s
         self._capacity: dict[str, float] = {}   # KV tokens per replica, from the last table seen
@@ -214,17 +211,17 @@ class TidegatePolicy:
             return max(1.0, float(request.max_tokens) * self._cap_use)
         return self._mean_output
 
-    def _running_left(self) -> float:
-        """Output tokens the sequences decoding now still have to write, on average: half the mean
-        expected output of this router's requests past their first token (the mean output before
-        any). Not the mean answer (`_mean_output`, learned from finished ones): a sequence runs
-        for as long as its answer, so long ones are over-represented among those running, and
-        while a burst fills the replicas the short answers finish first, which pulls the learned
-        mean down just when the running ones hold the seats and the KV longest (48 x H100, Azure
-        conversation at load 1.482, its last seconds: a learned mean of 70-79 tokens while the
-        engines' running sequences had 165-174 left; README.md §3)."""
-        mean = self._running_output / self._running if self._running > 0 else self._mean_output
-        return mean / 2
+    def _left(self) -> float:
+        """Half the mean answer of the requests this router sends (their expected outputs, an EWMA
+        over dispatches; the learned mean before any): the seats and the KV free at
+        running / (2 * left * step) per second (Little's law). Not `_mean_output`, learned from the
+        answers that finished: while a burst fills the replicas the short answers finish first,
+        which pulls that mean down just when the running sequences hold the seats and the KV
+        longest (48 x H100, Azure conversation at load 1.482, its last seconds: a learned mean of
+        70-79 tokens against the trace's 211, while the engines' running sequences had 165-174
+        left; README.md §3)."""
+        sent = self._sent_output
+        return (self._mean_output if sent is None else sent) / 2
 
     def expected_output(self, request: RequestFeatures) -> float:
         """Output tokens the request is expected to write (registry.expected_output: the admission
@@ -311,7 +308,7 @@ class TidegatePolicy:
         out = self._output(request)
         output = out if out > 0.0 else 0.0
         remaining = max(1.0, self._mean_output / 2)
-        left = max(1.0, self._running_left())
+        left = max(1.0, self._left())
         share = self._own_share(cands.table)
         self._share, self._tpot_slo_s = share, tpot_slo
         cached_of = self._index.cached_tokens_all(blocks).get
@@ -491,6 +488,8 @@ class TidegatePolicy:
         # its output take new room, the output as it grows (held_kv). A new request's own fit
         # still asks room for its whole output (_scan: it holds all of it at its end).
         kv = held_kv(prefill, out)
+        sent = self._sent_output
+        self._sent_output = out if sent is None else sent + EWMA_ALPHA * (out - sent)
         self._seen += 1
         if self._seen == 1:
             self._mean_prefill = prefill
@@ -535,8 +534,7 @@ class TidegatePolicy:
             bisect.insort(own.stall_keys, key)
             own.merged = None
         self._flights[self._key(request, replica_id)] = _Flight(replica_id, prefill, kv, key, blocks,
-                                                                plan_tpot_s=self._tpot_slo_s, guessed=guessed,
-                                                                output=out)
+                                                                plan_tpot_s=self._tpot_slo_s, guessed=guessed)
         # Bounded by the replica's KV capacity, as its prefix cache is, and resident while it runs.
         self._index.learn(replica_id, blocks, self._capacity.get(replica_id, 0.0), pin=True)
         # Peers get every block it uses there, not only those new to this index: a block reused is
@@ -642,8 +640,6 @@ class TidegatePolicy:
         if f is None or f.started:
             return
         f.started = True
-        self._running += 1
-        self._running_output += f.output
         own = self._own[replica_id]
         before = own.waiting + own.decoding
         own.queued = max(0.0, own.queued - f.prefill)
@@ -693,9 +689,6 @@ class TidegatePolicy:
         before = own.waiting + own.decoding
         if f.started:
             own.decoding = max(0, own.decoding - 1)
-            self._running -= 1
-            # (0 exactly when none is left: no float drift carried forward)
-            self._running_output = self._running_output - f.output if self._running > 0 else 0.0
         else:
             own.queued = max(0.0, own.queued - f.prefill)
             own.waiting = max(0, own.waiting - 1)
