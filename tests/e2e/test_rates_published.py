@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from etcd_records import etcd_json  # type: ignore[import-not-found]
-from livefleet import fitted_rates, up_fleet, warm_rates  # type: ignore[import-not-found]
+from livefleet import up_fleet, warm_rates  # type: ignore[import-not-found]
 from polling import wait_until  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.e2e
@@ -33,9 +33,19 @@ def _table(etcd: str) -> dict[str, dict[str, Any]]:
 def test_serving_replicas_publish_fitted_rates(fleet: dict[str, Any]) -> None:
     # Distinct long prompts (no prefix-cache hits) in rounds until both replicas publish.
     warm_rates(fleet["router_url"], fleet["etcd"], MODEL, replicas=2)
-    wait_until(lambda: fitted_rates(fleet["etcd"], MODEL, 2), timeout=20.0,
-               what="nonzero fitted rates for both replicas in the etcd table")
-    for e in _table(fleet["etcd"]).values():
+    seen: list[dict[str, dict[str, Any]]] = []
+
+    def published() -> bool:
+        table = _table(fleet["etcd"])
+        if len(table) == 2 and all(e.get("prefillTokensPerS", 0) > 0 and e.get("decodeStepBaseMs", 0) > 0
+                                   and e.get("decodeStepPerSeqMs", 0) > 0 for e in table.values()):
+            seen.append(table)
+        return bool(seen)
+
+    wait_until(published, timeout=20.0, what="nonzero fitted rates for both replicas in the etcd table")
+    # The bounds are checked on the table that showed both, read once: a second read raced the
+    # next rewrite once in CI (one replica's prefill figure absent there; 2026-12-05).
+    for e in seen[0].values():
         # Bounded, physical figures (the simulated H100 steps take ~7-12 ms); not an accuracy check.
         assert 0.05 <= e["decodeStepBaseMs"] <= 5_000
         assert 10 <= e["prefillTokensPerS"] <= 1e7
