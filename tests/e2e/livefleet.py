@@ -64,12 +64,19 @@ def distinct_prompts(seed: int, n: int, words: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(words)) for _ in range(n)]
 
 
-def fitted_rates(etcd: str, model: str, replicas: int) -> bool:
-    """True once the pool's routing table in etcd carries fitted engine rates for `replicas` replicas."""
+def fitted_entries(etcd: str, model: str, replicas: int) -> list[dict] | None:
+    """The pool's routing-table entries in etcd, read once, when they carry fitted engine rates for
+    `replicas` replicas; else None."""
     entries = etcd_json(etcd, f"/tidegate/v1/tables/{model}").get("replicas", [])
-    return len(entries) == replicas and all(
+    fitted = len(entries) == replicas and all(
         e.get("prefillTokensPerS", 0) > 0 and e.get("decodeStepBaseMs", 0) > 0 and e.get("decodeStepPerSeqMs", 0) > 0
         for e in entries)
+    return entries if fitted else None
+
+
+def fitted_rates(etcd: str, model: str, replicas: int) -> bool:
+    """True once the pool's routing table in etcd carries fitted engine rates for `replicas` replicas."""
+    return fitted_entries(etcd, model, replicas) is not None
 
 
 def warm_rates(router_url: str, etcd: str, model: str, replicas: int, rounds: int = 30) -> None:

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from etcd_records import etcd_json  # type: ignore[import-not-found]
-from livefleet import up_fleet, warm_rates  # type: ignore[import-not-found]
+from livefleet import fitted_entries, up_fleet, warm_rates  # type: ignore[import-not-found]
 from polling import wait_until  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.e2e
@@ -25,27 +24,21 @@ def fleet(fresh_etcd: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
         yield info
 
 
-def _table(etcd: str) -> dict[str, dict[str, Any]]:
-    table = etcd_json(etcd, f"/tidegate/v1/tables/{MODEL}")
-    return {e["replicaId"]: e for e in table.get("replicas", [])}
-
-
 def test_serving_replicas_publish_fitted_rates(fleet: dict[str, Any]) -> None:
     # Distinct long prompts (no prefix-cache hits) in rounds until both replicas publish.
     warm_rates(fleet["router_url"], fleet["etcd"], MODEL, replicas=2)
-    seen: list[dict[str, dict[str, Any]]] = []
+    seen: list[list[dict[str, Any]]] = []
 
     def published() -> bool:
-        table = _table(fleet["etcd"])
-        if len(table) == 2 and all(e.get("prefillTokensPerS", 0) > 0 and e.get("decodeStepBaseMs", 0) > 0
-                                   and e.get("decodeStepPerSeqMs", 0) > 0 for e in table.values()):
-            seen.append(table)
+        entries = fitted_entries(fleet["etcd"], MODEL, 2)
+        if entries is not None:
+            seen.append(entries)
         return bool(seen)
 
     wait_until(published, timeout=20.0, what="nonzero fitted rates for both replicas in the etcd table")
     # The bounds are checked on the table that showed both, read once: a second read raced the
     # next rewrite once in CI (one replica's prefill figure absent there; 2026-12-05).
-    for e in seen[0].values():
+    for e in seen[0]:
         # Bounded, physical figures (the simulated H100 steps take ~7-12 ms); not an accuracy check.
         assert 0.05 <= e["decodeStepBaseMs"] <= 5_000
         assert 10 <= e["prefillTokensPerS"] <= 1e7
