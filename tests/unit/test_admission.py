@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tidegate.policy import admission as adm
@@ -459,15 +459,27 @@ def _run(steps: list, queue_len: int, wait: float, decide: float | None = None) 
             log.append((h.key, "removed"))
         else:
             dispatched: list[str] = []
+            tried_on: dict[str, float] = {}  # the predicted TTFT each try found (what promoted it)
+
+            def fresh(h, p=p, tried_on=tried_on):  # noqa: ANN001, ANN202
+                tried_on[h.key] = h.ttft_s
+                return p
 
             def on_dispatch(h, d, dispatched=dispatched, room=room, now=now) -> None:  # noqa: ANN001
-                late = decide is not None and now - h.arrival_s >= decide and now > h.deadline_s - h.ttft_s
+                late = decide is not None and now - h.arrival_s >= decide and h.ttft_s > h.deadline_s - now
                 # within the budget share, unless committed and late (it goes over the share)
                 assert room or late
                 # class order: nothing of a higher class is still held when a lower one goes, unless
-                # it is committed and late: it goes as soon as a replica is open for it, over the
-                # share, where a held higher class may wait for room in the share
-                assert late or all(adm.class_rank(o.cls) >= adm.class_rank(h.cls) for o in q.held())
+                # it is committed and late (it goes as soon as a replica is open for it, over the
+                # share, where a held higher class may wait for room in the share), or it went as
+                # an urgent head (within urgent_s of its last start, as predicted when it was tried)
+                # while the critical head had two urgency windows of slack
+                window = q.cfg.urgent_s
+                urgent = now >= h.deadline_s - tried_on[h.key] - q.ttft_margin - window
+                crit = [o for o in q.held() if o.cls == "critical"]
+                slack = not crit or crit[0].deadline_s - crit[0].ttft_s - q.ttft_margin - now >= 2 * window
+                assert late or (urgent and slack) or all(
+                    adm.class_rank(o.cls) >= adm.class_rank(h.cls) for o in q.held())
                 dispatched.append(h.key)
 
             def on_reject(h, d, now=now) -> None:  # noqa: ANN001
@@ -475,7 +487,7 @@ def _run(steps: list, queue_len: int, wait: float, decide: float | None = None) 
                 assert decide is None or d.reason == QUEUE_TIMEOUT or now - h.arrival_s < decide
                 log.append((h.key, d.action, d.reason))
 
-            adm.pump(q, now, lambda h, p=p: p, on_dispatch, on_reject)
+            adm.pump(q, now, fresh, on_dispatch, on_reject)
             log.extend((k, DISPATCH) for k in dispatched)
         # nobody is held past its max wait (as of the last pump / sweep)
         for h in q.held():
@@ -496,6 +508,10 @@ def test_properties_hold_and_runs_are_deterministic(steps: list, queue_len: int,
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(STEP, max_size=40), st.integers(0, 4), st.floats(0.1, 3.0), st.sampled_from([0.0, 0.05, 0.3]))
+# An urgent standard head goes before a held critical one with slack (CI found the property's old
+# form, class order unless late, wrong here once in 150 examples).
+@example([("arrive", "standard", 0.0, 0.4, False, 100.0, True), ("arrive", "critical", 1.0, 0.4, False, 100.0, True),
+          ("pump", "critical", 0.5, 0.4, True, 100.0, True)], 4, 3.0, 0.05)
 def test_committing_rejects_only_within_the_decision_time(steps: list, queue_len: int, wait: float,
                                                           decide: float) -> None:
     assert _run(steps, queue_len, wait, decide) == _run(steps, queue_len, wait, decide)
