@@ -465,7 +465,7 @@ def _run(steps: list, queue_len: int, wait: float, decide: float | None = None) 
                 tried_on[h.key] = h.ttft_s
                 return p
 
-            def on_dispatch(h, d, dispatched=dispatched, room=room, now=now) -> None:  # noqa: ANN001
+            def on_dispatch(h, d, dispatched=dispatched, room=room, now=now, tried_on=tried_on) -> None:  # noqa: ANN001
                 late = decide is not None and now - h.arrival_s >= decide and h.ttft_s > h.deadline_s - now
                 # within the budget share, unless committed and late (it goes over the share)
                 assert room or late
