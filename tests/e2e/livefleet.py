@@ -4,11 +4,14 @@ through its real entry point, distinct prompts, completions through the router."
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -79,16 +82,32 @@ def fitted_rates(etcd: str, model: str, replicas: int) -> bool:
     return fitted_entries(etcd, model, replicas) is not None
 
 
-def warm_rates(router_url: str, etcd: str, model: str, replicas: int, rounds: int = 30) -> None:
-    """Rounds of 8 distinct long prompts through the router until every replica's rates are fitted
-    (or `rounds` are spent; callers then assert `fitted_rates`). The rate fit wants seconds of
-    traffic, not one burst: its token thresholds and 5 report windows with decode timing
-    (RateEstimatorConfig.min_windows)."""
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        for k in range(rounds):
-            if fitted_rates(etcd, model, replicas):
+def warm_rates(router_url: str, etcd: str, model: str, replicas: int, prompts: int = 240, clients: int = 8) -> None:
+    """Distinct long prompts through the router from `clients` closed-loop clients, started apart
+    and with answers of different lengths, until every replica's rates are fitted (or `prompts` are
+    sent; callers then assert `fitted_rates`). The rate fit wants seconds of traffic, not one burst:
+    its token thresholds and 5 report windows with decode timing (RateEstimatorConfig.min_windows).
+    Not in waves: a prompt that arrives while others decode slows their tokens, which is what the
+    fit reads; a wave's prompts prefill with nothing decoding, and the fit took prefill for free
+    (343,000 tokens/s against the profile's 47,600; scripts/probe_live_rates.py)."""
+    sent = itertools.count()
+    done = threading.Event()
+
+    def client(i: int) -> None:
+        time.sleep(0.06 * i)
+        for k in itertools.count():
+            if done.is_set() or next(sent) >= prompts:
                 return
-            list(pool.map(lambda p: complete(router_url, model, p), distinct_prompts(7 + k, 8, 500)))
+            complete(router_url, model, distinct_prompts(7 + 1000 * i + k, 1, 500)[0], 16 + (7 * k + 13 * i) % 64)
+
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        running = [pool.submit(client, i) for i in range(clients)]
+        while not all(f.done() for f in running):
+            if fitted_rates(etcd, model, replicas):
+                done.set()
+            time.sleep(0.25)
+        for f in running:
+            f.result()   # a failed completion fails the caller
 
 
 def complete(router_url: str, model: str, prompt: str, max_tokens: int = 48) -> None:
