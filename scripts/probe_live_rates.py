@@ -27,6 +27,7 @@ prefill for free (docs/BENCHMARKS.md, "A blind spot of the rate fit").
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import sys
@@ -39,6 +40,7 @@ from pathlib import Path
 from tidegate.agent.rates import work_deltas
 from tidegate.engine_metrics import parse_metrics
 from tidegate.etcd_server import EmbeddedEtcd
+from tidegate.fleet.loadgen import make_prompt
 from tidegate.fleet.up import Fleet, UpConfig
 from tidegate.policy.rates import RateEstimator, WorkWindow, regressors
 from tidegate.simulator.profiles import get_profile
@@ -47,11 +49,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure_rate_estimator import profile_prior  # noqa: E402
 
 MODEL = "probe-model"
-WORDS = ("tide", "gate", "river", "stone", "harbour", "lantern", "meadow", "signal", "copper", "orbit")
-
-
-def prompt(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(WORDS) + str(rng.randrange(10_000)) for _ in range(words))
 
 
 def complete(url: str, text: str, max_tokens: int) -> None:
@@ -63,20 +60,23 @@ def complete(url: str, text: str, max_tokens: int) -> None:
 
 def traffic(pattern: str, url: str, clients: int, stop: threading.Event) -> None:
     if pattern == "waves":
-        rng = random.Random(0)
+        salt = itertools.count()
         while not stop.is_set():
-            round_ = [threading.Thread(target=complete, args=(url, prompt(rng, 500), 48)) for _ in range(clients)]
+            round_ = [threading.Thread(target=complete, args=(url, make_prompt(1300, next(salt)), 48))
+                      for _ in range(clients)]
             for t in round_:
                 t.start()
             for t in round_:
                 t.join()
         return
 
+    salt = itertools.count()
+
     def client(i: int) -> None:
         rng = random.Random(i)
         time.sleep(rng.random())
         while not stop.is_set():
-            complete(url, prompt(rng, rng.randint(250, 1000)), rng.randint(16, 96))
+            complete(url, make_prompt(rng.randint(650, 2600), 1_000_000 * (i + 1) + next(salt)), rng.randint(16, 96))
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
