@@ -29,13 +29,13 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tidegate.policy import admission as adm
 from tidegate.policy.admission_budget import Hold, RouterBudget, Tokens
 from tidegate.policy.predict import Prediction
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, SloTargets, enforce_tpot_plan, expected_output
+from tidegate.router.http1 import Response
 from tidegate.router.parse import error_body
 
 REASON_HEADER = "x-tidegate-reject-reason"
@@ -83,11 +83,11 @@ class Rejected:
     retry_after_s: int
 
 
-def rejection_response(pool: str, r: Rejected) -> web.Response:
+def rejection_response(pool: str, r: Rejected) -> Response:
     body = error_body(f"{_MESSAGES.get(r.reason, 'rejected')} (model {pool!r}); retry after {r.retry_after_s} s",
                       "rate_limit_exceeded", None, r.reason)
-    return web.Response(status=429, text=json.dumps(body), content_type="application/json",
-                        headers={"Retry-After": str(r.retry_after_s), REASON_HEADER: r.reason})
+    return Response(429, json.dumps(body).encode(), {"Retry-After": str(r.retry_after_s), REASON_HEADER: r.reason},
+                    "application/json")
 
 
 @dataclass(slots=True)

@@ -1,19 +1,17 @@
-"""The router's aiohttp application: OpenAI endpoints, /health, /metrics."""
+"""The router's routes: OpenAI endpoints, /health, /metrics, /openapi.json, on router/http1.py."""
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import structlog
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tidegate.policy.pick import routable
 from tidegate.router.engine_client import EngineClient
+from tidegate.router.http1 import Answer, Request, Response, json_response
 from tidegate.router.metrics import RouterMetrics
 from tidegate.router.openapi import spec as openapi_spec
 from tidegate.router.parse import CHAT_PATH, COMPLETIONS_PATH, error_body
@@ -25,10 +23,7 @@ MIB = 1024 * 1024
 
 log = structlog.get_logger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# The proxy's routes with their middleware applied once, by (method, path): `dispatcher` serves them
-# without aiohttp's per-request routing and middleware chain.
-_DIRECT = web.AppKey("tidegate_direct_routes", dict)
+Handler = Callable[[Request], Awaitable[Answer]]
 
 
 def make_session(connect_timeout_s: float, limit: int = 10_000) -> EngineClient:
@@ -38,36 +33,55 @@ def make_session(connect_timeout_s: float, limit: int = 10_000) -> EngineClient:
     return EngineClient(connect_timeout_s, limit=limit, keepalive_s=30.0)
 
 
-def _openai_errors(ratelog: LogRateLimiter) -> Any:
-    @web.middleware
-    async def middleware(request: web.Request, handler):
-        """aiohttp's own errors (404 route, 405) and any bug answered in the OpenAI error envelope."""
+class App:
+    """The routes by (method, path); HEAD is answered as GET without the body (router/http1.py).
+    An unknown path is 404, a known path with another method 405, a handler's bug 500: each in
+    the OpenAI error envelope, bugs logged with a rate limit."""
+
+    def __init__(self, max_body_bytes: int) -> None:
+        self.max_body_bytes = max_body_bytes
+        self._routes: dict[tuple[str, str], Handler] = {}
+        self._methods: dict[str, list[str]] = {}
+        self._ratelog = LogRateLimiter(time.monotonic)
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        self._routes[(method, path)] = handler
+        self._methods.setdefault(path, []).append(method)
+        if method == "GET":
+            self._routes[("HEAD", path)] = handler
+            self._methods[path].append("HEAD")
+
+    def routes(self) -> list[tuple[str, str]]:
+        """(path, method) of every route (HEAD, implied by GET, left out)."""
+        return [(path, method) for method, path in self._routes if method != "HEAD"]
+
+    async def __call__(self, request: Request) -> Answer:
+        handler = self._routes.get((request.method, request.path))
+        if handler is None:
+            allowed = self._methods.get(request.path)
+            if allowed is None:
+                return json_error(404, "Not Found", "invalid_request_error")
+            return json_error(405, "Method Not Allowed", "invalid_request_error",
+                              headers={"Allow": ", ".join(sorted(allowed))})
         try:
             return await handler(request)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            kind = "invalid_request_error" if exc.status < 500 else "server_error"
-            return json_error(exc.status, exc.reason, kind)
         except (ConnectionError, TimeoutError):
-            raise  # the client is gone / aiohttp answers 504 itself (router.frontdoor's envelope)
+            raise  # the client is gone: nothing to answer
         except Exception as exc:
-            suppressed = ratelog.check(exc.__class__.__name__)
+            suppressed = self._ratelog.check(exc.__class__.__name__)
             if suppressed is not None:
                 log.exception("request_handler_failed", path=request.path, suppressed=suppressed)
             return json_error(500, "internal server error", "server_error", code="internal_error")
 
-    return middleware
-
 
 def build_app(proxy: Proxy, tables: RoutingTables, metrics: RouterMetrics, router_id: str,
-              max_body_bytes: int = 4 * MIB) -> web.Application:
-    async def models(_: web.Request) -> web.Response:
+              max_body_bytes: int = 4 * MIB) -> App:
+    async def models(_: Request) -> Response:
         data = [{"id": pool, "object": "model", "created": 0, "owned_by": "tidegate"}
                 for pool, t in sorted(tables.pools().items()) if t.has_replicas]
-        return web.json_response({"object": "list", "data": data})
+        return json_response({"object": "list", "data": data})
 
-    async def health(_: web.Request) -> web.Response:
+    async def health(_: Request) -> Response:
         synced = tables.synced.is_set()
         suspect = tables.suspect()  # pools routed on their last known set (panic threshold)
         body = {
@@ -81,47 +95,24 @@ def build_app(proxy: Proxy, tables: RoutingTables, metrics: RouterMetrics, route
                              "slo": {"ttft_s": t.slo.ttft_s, "tpot_s": t.slo.tpot_s} if t.slo else None}
                       for pool, t in sorted(tables.pools().items())},
         }
-        return web.Response(status=200 if synced else 503, text=json.dumps(body),
-                            content_type="application/json")
+        return json_response(body, status=200 if synced else 503)
 
-    async def prom(_: web.Request) -> web.Response:
-        resp = web.Response(body=generate_latest(metrics.registry))
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return resp
+    async def prom(_: Request) -> Response:
+        return Response(body=generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST)
 
-    errors = _openai_errors(LogRateLimiter(time.monotonic))
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[errors])
-    app.router.add_post(CHAT_PATH, proxy.handle)
-    app.router.add_post(COMPLETIONS_PATH, proxy.handle)
-    proxied = functools.partial(errors, handler=proxy.handle)
-    app[_DIRECT] = {("POST", CHAT_PATH): proxied, ("POST", COMPLETIONS_PATH): proxied}
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", prom)
-    openapi_doc = json.dumps(openapi_spec())
+    openapi_doc = json.dumps(openapi_spec()).encode()
 
-    async def openapi(_: web.Request) -> web.Response:
-        return web.Response(text=openapi_doc, content_type="application/json")
+    async def openapi(_: Request) -> Response:
+        return Response(body=openapi_doc, content_type="application/json")
 
-    app.router.add_get("/openapi.json", openapi)
+    app = App(max_body_bytes)
+    app.add("POST", CHAT_PATH, proxy.handle)
+    app.add("POST", COMPLETIONS_PATH, proxy.handle)
+    app.add("GET", "/v1/models", models)
+    app.add("GET", "/health", health)
+    app.add("GET", "/metrics", prom)
+    app.add("GET", "/openapi.json", openapi)
     return app
 
 
-def dispatcher(app: web.Application) -> Handler:
-    """The server's request handler: the proxy's routes straight to their handler (with the same
-    error middleware), the rest through the application's router. Routing, the middleware chain
-    and the match-info objects cost ~5% of a proxied request's CPU. A request with an Expect
-    header takes the application's path, which answers it."""
-    direct = app[_DIRECT]
-    slow = app._handle
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        handler = direct.get((request.method, request.rel_url.raw_path))
-        if handler is None or "Expect" in request.headers:
-            return await slow(request)
-        return await handler(request)
-
-    return handle
-
-
-__all__ = ["build_app", "dispatcher", "make_session", "error_body", "MIB"]
+__all__ = ["App", "build_app", "make_session", "error_body", "MIB"]

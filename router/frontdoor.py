@@ -1,12 +1,9 @@
-"""The router's front door: what hostile or broken clients can and cannot do to it.
-
-aiohttp alone has no request-header timeout, no connection limit and answers parser-level
-errors (bad request line, oversized header) with a plain-text page and a logged traceback.
-Here, on top of aiohttp's own protocol:
+"""The router's front door: what hostile or broken clients can and cannot do to it. The rules
+and their bookkeeping live here; router/http1.py's protocol applies them per connection.
 
 - **Header timeout.** From the first byte of a request to the end of its headers at most
   `header_timeout_s`; then 408 (OpenAI error body) and close. A slowloris client dies there.
-- **Keep-alive idle timeout.** aiohttp's `keepalive_timeout`, also armed at accept, so a
+- **Keep-alive idle timeout** (`keepalive_timeout_s`), also armed at accept, so a
   connection that never sends anything is closed too.
 - **Body timeout** (`body_timeout_s`): applied where the body is read (router.proxy).
 - **Connection limit** (`max_client_connections`). A new connection beyond the limit first
@@ -40,13 +37,11 @@ import resource
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import structlog
-from aiohttp import web, web_protocol
-from aiohttp.http_exceptions import LineTooLong
 
 from tidegate.router.parse import error_body
 from tidegate.router.ratelog import LogRateLimiter
@@ -73,7 +68,6 @@ EVICT_SCAN = 64
 EVICT_MIN_IDLE_S = 0.5
 
 C = TypeVar("C", bound=Hashable)
-Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True)
@@ -190,7 +184,7 @@ class FrontDoor:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.limits = limits
         self.clock = clock
-        self.table: ConnectionTable[GuardedRequestHandler] = ConnectionTable(limits.max_client_connections)
+        self.table: ConnectionTable[Any] = ConnectionTable(limits.max_client_connections)
         self._on_event = on_event or (lambda _kind: None)
         self._ratelog = LogRateLimiter(clock)
         self.refused_lingering = 0
@@ -203,7 +197,7 @@ class FrontDoor:
             log.warning("client_connection_" + kind, suppressed=suppressed, **fields)
 
 
-class _Refuse(asyncio.Protocol):
+class Refuse(asyncio.Protocol):
     """The connection beyond the limit: one fixed answer, then close (see REFUSE_LINGER_S)."""
 
     def __init__(self, door: FrontDoor) -> None:
@@ -234,138 +228,6 @@ class _Refuse(asyncio.Protocol):
         if self._lingering:
             self._lingering = False
             self._door.refused_lingering -= 1
-
-
-def _parse_error(exc: BaseException | None) -> tuple[str, str]:
-    if isinstance(exc, LineTooLong):
-        return "request line or header field too long", "header_too_large"
-    return "malformed HTTP request", "malformed_request"
-
-
-class GuardedRequestHandler(web_protocol.RequestHandler):
-    """aiohttp's protocol with a header timeout, LRU bookkeeping and OpenAI error bodies."""
-
-    def __init__(self, manager: web.Server, *, door: FrontDoor, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self._door = door
-        self._header_timer: asyncio.TimerHandle | None = None
-        self._started = False
-        self._evicted = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if self._evicted:  # evicted between accept and now: never serve it
-            transport.close()
-            return
-        super().connection_made(transport)
-
-    async def start(self) -> None:
-        self._started = True
-        await super().start()
-
-    @property
-    def waiting_for_request(self) -> bool:
-        """No request being handled: idle, or its next request's headers still coming. A
-        connection accepted in the same loop turn has not started its task yet: idle too."""
-        if self._messages:
-            return False
-        if not self._started:
-            return True
-        waiter = self._waiter
-        return waiter is not None and not waiter.done()
-
-    def _cancel_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
-    def data_received(self, data: bytes) -> None:
-        self._door.table.touch(self, self._door.clock())
-        first_bytes = self._header_timer is None and self._current_request is None
-        super().data_received(data)
-        if self._messages or not self.waiting_for_request:
-            self._cancel_header_timer()  # a whole request (or a parse error) is in
-        elif first_bytes:  # a request's headers began but are not all in (armed only then: most come whole)
-            self._header_timer = self._loop.call_later(self._door.limits.header_timeout_s, self._header_timeout)
-
-    def _header_timeout(self) -> None:
-        self._header_timer = None
-        transport = self.transport
-        if transport is None or not self.waiting_for_request:
-            return  # a request is being handled: the body timeout and first-byte timeout apply
-        self._door.event("header_timeout")
-        transport.write(HEADER_TIMEOUT_RESPONSE)
-        self.force_close()
-
-    def evict(self) -> None:
-        """Closed to make room for a new connection; it had no request in progress."""
-        self._cancel_header_timer()
-        self._evicted = True
-        self.force_close()
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._cancel_header_timer()
-        self._door.table.remove(self)
-        super().connection_lost(exc)
-
-    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
-        """Replaces aiohttp's plain-text page (and its traceback in the log) for parser errors,
-        unhandled handler errors (500) and handler timeouts (504)."""
-        self._cancel_header_timer()
-        if request.writer.output_size > 0:  # as aiohttp: some answer is out, the connection is broken
-            raise ConnectionError("response already started; cannot send an error response")
-        if status == 400:
-            text, code = _parse_error(exc)
-            kind = "invalid_request_error"
-        elif status == 504:
-            text, code, kind = "the request timed out", "timeout", "server_error"
-        else:
-            text, code, kind = "internal server error", "internal_error", "server_error"
-        self._door.event("http_error", status=status, code=code,
-                         error=exc.__class__.__name__ if exc is not None else None)
-        resp = web.Response(status=status, text=json.dumps(error_body(text, kind, None, code)),
-                            content_type="application/json")
-        resp.force_close()
-        return resp
-
-
-class _GuardedServer(web.Server):
-    """aiohttp's low-level server, making guarded protocols (or refusals) per connection."""
-
-    def __init__(self, base: web.Server, door: FrontDoor, handler: Handler | None = None) -> None:
-        super().__init__(handler or base.request_handler, request_factory=base.request_factory,
-                         handler_cancellation=base.handler_cancellation, loop=asyncio.get_running_loop(),
-                         **base._kwargs)
-        self._door = door
-
-    def __call__(self) -> Any:
-        door = self._door
-        now = door.clock()
-        admit, victim = door.table.make_room(lambda h: h.waiting_for_request, now)
-        if victim is not None:
-            victim.evict()
-            door.event("evicted")
-        if not admit:
-            door.event("refused", limit=door.table.limit)
-            return _Refuse(door)
-        handler = GuardedRequestHandler(self, door=door, loop=self._loop, **self._kwargs)
-        door.table.add(handler, now)
-        return handler
-
-
-class GuardedAppRunner(web.AppRunner):
-    """An AppRunner whose server is guarded by `door` (keep-alive timeout from its limits).
-    `handler`: the server's request handler instead of the application's own (it gets the
-    application's requests, e.g. router.app.dispatcher)."""
-
-    def __init__(self, app: web.Application, door: FrontDoor, handler: Handler | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(app, keepalive_timeout=door.limits.keepalive_timeout_s, **kwargs)
-        self._door = door
-        self._handler = handler
-
-    async def _make_server(self) -> web.Server:
-        return _GuardedServer(await super()._make_server(), self._door, self._handler)
 
 
 class RateLimitFilter(logging.Filter):

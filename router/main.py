@@ -18,7 +18,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import structlog
-from aiohttp import web
 from pydantic import Field, field_validator
 
 from tidegate import keys, logs
@@ -30,13 +29,12 @@ from tidegate.policy.registry import SloTargets
 from tidegate.router import credentials, prompt_tokens
 from tidegate.router.admission import AdmissionMetrics, Gate
 from tidegate.router.admission_budgets import AdmissionBudgets
-from tidegate.router.app import MIB, build_app, dispatcher, make_session
+from tidegate.router.app import MIB, build_app, make_session
 from tidegate.router.budget import RetryBudget
 from tidegate.router.frontdoor import (
     ACCEPT_BATCH,
     FrontDoor,
     FrontDoorLimits,
-    GuardedAppRunner,
     RateLimitFilter,
     deepen_backlog,
     fd_budget,
@@ -44,6 +42,7 @@ from tidegate.router.frontdoor import (
     raise_nofile_limit,
     rate_limited_exception_handler,
 )
+from tidegate.router.http1 import Server
 from tidegate.router.inflight import InflightCounter
 from tidegate.router.metrics import RouterMetrics
 from tidegate.router.parse import DEFAULT_MAX_JSON_DEPTH
@@ -224,7 +223,7 @@ async def serve(cfg: RouterConfig,
     budget = RetryBudget(time.monotonic, ratio=cfg.retry_budget_ratio)
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(rate_limited_exception_handler())
-    for name in ("asyncio", "aiohttp.server", "aiohttp.web", "aiohttp.client", "aiohttp.internal"):
+    for name in ("asyncio",):
         logging.getLogger(name).addFilter(RateLimitFilter())
     # Client load must never take the descriptors that etcd (the presence lease) and engines need.
     nofile = raise_nofile_limit()
@@ -255,15 +254,12 @@ async def serve(cfg: RouterConfig,
                                      max_client_connections=max_clients),
                      on_event=lambda kind: metrics.client_connection_events.labels(kind).inc())
     metrics.client_connections.set_function(lambda: len(door.table))
-    runner = GuardedAppRunner(app, door, dispatcher(app), handler_cancellation=True,
-                              shutdown_timeout=cfg.shutdown_grace_s, access_log=None)
-    await runner.setup()
+    server = Server(app, door, app.max_body_bytes)
     sock = listen_socket(cfg.host, cfg.port)
-    site = web.SockSite(runner, sock, backlog=ACCEPT_BATCH)
-    await site.start()
+    listener = await loop.create_server(server, sock=sock, backlog=ACCEPT_BATCH)
     deepen_backlog(sock)
     _tune_gc()
-    port = runner.addresses[0][1]
+    port = sock.getsockname()[1]
     print(json.dumps({"event": "listening", "port": port}), flush=True)
     log.info("router_listening", host=cfg.host, port=port, etcd=",".join(cfg.etcd), prompt_tokens=counter.source,
              event_loop=type(loop).__module__.partition(".")[0])  # uvloop | asyncio
@@ -304,7 +300,8 @@ async def serve(cfg: RouterConfig,
         await stop.wait()
         log.info("router_stopping", inflight=inflight.total, grace_s=cfg.shutdown_grace_s)
         # stops accepting, then lets in-flight handlers finish for up to shutdown_grace_s
-        await runner.cleanup()
+        listener.close()
+        await server.shutdown(cfg.shutdown_grace_s)
     finally:
         stuck = await cancel_and_wait([starter, *tasks])
         if stuck:

@@ -8,7 +8,7 @@ reset, or an engine 5xx, before the first body chunk. At most `max_retries`, eac
 replica not tried yet, each paid from the router-wide `RetryBudget`. A first-byte timeout
 is not retried (the engine may still be working on it) and maps to 504. After the first
 byte an upstream failure ends the response (SSE: an OpenAI-style error event first).
-A client that goes away cancels the handler (aiohttp handler_cancellation); closing the
+A client that goes away cancels the handler (router/http1.py); closing the
 upstream response then closes its connection, which is how the engine learns to abort.
 
 The in-flight count of a replica is held from just before the attempt to the end of
@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from aiohttp import web
 
 from tidegate.policy import registry
 from tidegate.policy.admission_budget import Hold, Tokens
@@ -40,6 +39,7 @@ from tidegate.router.admission_budgets import AdmissionBudgets
 from tidegate.router.budget import RetryBudget
 from tidegate.router.credentials import NO_CREDENTIALS, EngineCredentials
 from tidegate.router.engine_client import ConnectFailed, EngineClient, EngineError, EngineResponse
+from tidegate.router.http1 import Answer, Request, RequestTooLarge, Response, StreamResponse
 from tidegate.router.inflight import InflightCounter
 from tidegate.router.metrics import RouterMetrics
 from tidegate.router.parse import DEFAULT_MAX_JSON_DEPTH, BadRequest, error_body, parse_request, request_prefix_hashes
@@ -100,9 +100,6 @@ class _Exchange:
         # Whether the pick's TPOT plan learns from this request (admission enforces it for a policy
         # it applies to): else the TPOTs, early or whole, are not worth timing.
         self.plans_tpot = False
-
-
-_EXCHANGE = web.RequestKey("tidegate_exchange", _Exchange)  # what the proxy notes of one request
 
 
 @dataclass(frozen=True)
@@ -200,9 +197,9 @@ class _Deadline:
 
 
 def json_error(status: int, message: str, type_: str, param: str | None = None, code: str | None = None,
-               headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, text=json.dumps(error_body(message, type_, param, code)),
-                        content_type="application/json", headers=headers)
+               headers: dict[str, str] | None = None) -> Response:
+    return Response(status, json.dumps(error_body(message, type_, param, code)).encode(), headers,
+                    "application/json")
 
 
 def _dropped(connection_values: Iterable[str], always: frozenset[str]) -> frozenset[str]:
@@ -223,20 +220,12 @@ def forward_response_headers(headers: list[tuple[str, str]]) -> list[tuple[str, 
     return [(k, v) for k, v in headers if k.lower() not in drop]
 
 
-class _Relayed(web.StreamResponse):
-    """An engine's answer on its way to the client. Its headers wait for the first body chunk and
-    go out with it in one write (a StreamResponse sends them alone at prepare(); web.Response
-    buffers them the same way): the proxy has that chunk in hand before it prepares."""
-
-    _send_headers_immediately = False  # aiohttp 3.14's switch (pinned <3.15 for router/frontdoor.py)
-
-
 class _ClientSink:
     """Where an engine's body pieces go after the first (EngineResponse.relay): straight into the
-    client's transport, framed as aiohttp frames a chunked answer, from the engine connection's
-    own callback. The answer's headers and first piece went through aiohttp (out.write), its end
-    goes through it too (out.write_eof), so aiohttp frames the start and the end and this the
-    middle, in order on one transport. Keeps the last two pieces (the usage is in them), and
+    client's transport, framed as the answer is (chunked or not), from the engine connection's
+    own callback. The answer's headers and first piece went through its StreamResponse
+    (out.write), its end goes through it too (out.write_eof), so that frames the start and the
+    end and this the middle, in order on one transport. Keeps the last two pieces (the usage is in them), and
     notes when the SSE event EARLY_TOKENS after the first arrived (`early_at`): the early TPOT's
     end. Events stand for tokens there: an engine that coalesces tokens into one event (a slow
     reader) or sends a role event first moves it by a token or so, which the plan's quantile
@@ -248,7 +237,7 @@ class _ClientSink:
                  clock: Callable[[], float] | None = None) -> None:
         self._transport = transport
         self._chunked = chunked
-        self._high = transport.get_write_buffer_limits()[1]  # past it aiohttp's drain() waits
+        self._high = transport.get_write_buffer_limits()[1]  # past it the transport pauses us
         self.prev, self.last = b"", first
         self._clock = clock
         self.early_at: float | None = None
@@ -325,9 +314,9 @@ class Proxy:
         """The pools' policy instances created so far."""
         return dict(self._policies)
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: Request) -> Answer:
         t0 = self._clock()
-        ex = request[_EXCHANGE] = _Exchange()
+        ex = request.exchange = _Exchange()
         status = "500"
         try:
             resp = await self._handle(request, t0)
@@ -344,15 +333,15 @@ class Proxy:
             if ex.pool is not None:
                 self._metrics.duration_for(model).observe(self._clock() - t0)
 
-    async def _handle(self, request: web.Request, t0: float) -> web.StreamResponse:
+    async def _handle(self, request: Request, t0: float) -> Answer:
         try:
-            if request.content.is_eof():  # the whole body came with the headers: nothing to wait for
+            if request.body_complete:  # the whole body came with the headers: nothing to wait for
                 body = await request.read()
             else:
                 async with asyncio.timeout(self._settings.body_timeout_s):
                     body = await request.read()
-        except web.HTTPRequestEntityTooLarge as exc:
-            return json_error(413, exc.text or "request body too large", "invalid_request_error",
+        except RequestTooLarge as exc:
+            return json_error(413, f"request body too large (limit {exc.limit} bytes)", "invalid_request_error",
                               code="request_too_large")
         except TimeoutError:
             # The rest of the body may never come (a Content-Length longer than the body): answer
@@ -360,10 +349,6 @@ class Proxy:
             resp = json_error(408, "request body not received in time", "invalid_request_error",
                               code="body_timeout")
             resp.force_close()
-            await resp.prepare(request)
-            await resp.write_eof()
-            if request.transport is not None:  # else aiohttp lingers, reading what may never come
-                request.transport.close()
             return resp
         try:
             payload, features = parse_request(request.path, body, self._settings.max_json_depth,
@@ -377,7 +362,7 @@ class Proxy:
         if table is None:
             return json_error(404, f"the model {features.model!r} does not exist", "invalid_request_error",
                               param="model", code="model_not_found")
-        ex = request[_EXCHANGE]
+        ex = request.exchange
         ex.pool = table.pool
         try:
             rclass = classify(request.headers, trust_priority=self._settings.trust_priority_header,
@@ -391,9 +376,9 @@ class Proxy:
                   else features.prefix_hashes)
         return await self._route(request, body, table, features, t0, rclass, policy, hashes)
 
-    async def _route(self, request: web.Request, body: bytes, table: PoolTable, features: RequestFeatures,
+    async def _route(self, request: Request, body: bytes, table: PoolTable, features: RequestFeatures,
                      t0: float, rclass: RequestClass, policy: registry.Policy,
-                     prefix_hashes: tuple[int, ...]) -> web.StreamResponse:
+                     prefix_hashes: tuple[int, ...]) -> Answer:
         """Admission (dispatch now, hold, or 429; this router's budget share is part of it), then
         the pick and the attempts (`_send`)."""
         req = registry.RequestFeatures(features.prompt_tokens, features.max_tokens, prefix_hashes, rclass.priority,
@@ -410,7 +395,7 @@ class Proxy:
                 return json_error(429, f"this router's share of the admission budget of {table.pool!r} is in use",
                                   "rate_limit_exceeded", code=BUDGET_EXHAUSTED,
                                   headers={"Retry-After": "1", REJECT_HEADER: BUDGET_EXHAUSTED})
-            hold = request[_EXCHANGE].hold = budget.acquire_tokens(tokens)
+            hold = request.exchange.hold = budget.acquire_tokens(tokens)
             try:
                 return await self._send(request, body, table, features, t0, rclass, policy, req)
             finally:
@@ -426,7 +411,7 @@ class Proxy:
                                    budget)
         if isinstance(outcome, Rejected):
             return rejection_response(pool, outcome)
-        ex = request[_EXCHANGE]
+        ex = request.exchange
         if outcome.hold is not None:
             ex.hold = outcome.hold
         ex.predicted_ttft_s = outcome.ttft_s
@@ -450,11 +435,11 @@ class Proxy:
         if self.gate is not None:
             self.gate.wake(pool)
 
-    async def _send(self, request: web.Request, body: bytes, table: PoolTable, features: RequestFeatures,
+    async def _send(self, request: Request, body: bytes, table: PoolTable, features: RequestFeatures,
                     t0: float, rclass: RequestClass, policy: registry.Policy, req: registry.RequestFeatures,
                     closed: frozenset[str] = frozenset(),
-                    on_sent: Callable[[], None] | None = None) -> web.StreamResponse:
-        ex = request[_EXCHANGE]
+                    on_sent: Callable[[], None] | None = None) -> Answer:
+        ex = request.exchange
         ex.plans_tpot = self.gate is not None and self.gate.applies(policy)
         tried: list[str] = []
         failure: _Failure | None = None
@@ -500,7 +485,7 @@ class Proxy:
                         self._metrics.tpot_plan_margin_for(table.pool).set(margin)
                 registry.notify(policy, "on_complete", req, choice.replica_id)
                 self._wake(table.pool)
-            if isinstance(result, web.StreamResponse):
+            if not isinstance(result, _Failure):
                 output = ex.output_tokens
                 if output is not None:
                     registry.notify_output(policy, req, choice.replica_id, output)
@@ -519,8 +504,7 @@ class Proxy:
             return json_error(503, f"no routable replica for model {table.pool!r}", "service_unavailable",
                               code="no_routable_replica", headers={"Retry-After": "1"})
         if failure.body is not None:
-            return web.Response(status=failure.status, body=failure.body,
-                                headers={"Content-Type": failure.content_type or "application/json"})
+            return Response(failure.status, failure.body, content_type=failure.content_type or "application/json")
         if failure.kind == "timeout":
             return json_error(504, failure.message, "upstream_timeout", code="first_byte_timeout")
         return json_error(502, failure.message, "upstream_error", code=f"upstream_{failure.kind}")
@@ -532,21 +516,21 @@ class Proxy:
         registry.notify(policy, "on_first_token", req, replica_id)
         self._wake(pool)  # its prefill left the replica's budget
 
-    async def _attempt(self, request: web.Request, body: bytes, table: PoolTable, choice: registry.Pick,
+    async def _attempt(self, request: Request, body: bytes, table: PoolTable, choice: registry.Pick,
                        features: RequestFeatures, t0: float,
-                       first_token: Callable[[], None] | None = None) -> web.StreamResponse | _Failure:
+                       first_token: Callable[[], None] | None = None) -> StreamResponse | _Failure:
         headers = forward_request_headers(request.headers)
         engine_auth = self._settings.engine_credentials.authorization(table.pool)
         if engine_auth is not None:
             headers.append(("Authorization", engine_auth))
-        sent = request[_EXCHANGE].sent_s = self._clock()
+        sent = request.exchange.sent_s = self._clock()
         upstream: EngineResponse | None = None
         done = False
         try:
             deadline = _Deadline(self._deadline_clock(), self._settings.first_byte_timeout_s)
             try:
                 try:
-                    upstream = await self._session.post(choice.endpoint, request.rel_url.path_qs, headers, body)
+                    upstream = await self._session.post(choice.endpoint, request.path_qs, headers, body)
                     self._metrics.upstream_latency_for(table.pool).observe(self._clock() - sent)
                     if upstream.status >= 500:
                         data = await upstream.read()
@@ -576,13 +560,13 @@ class Proxy:
                 else:  # cut short (error, client gone, cancel): drop the connection so the engine aborts
                     upstream.close()
 
-    async def _stream(self, request: web.Request, upstream: EngineResponse, first: bytes,
+    async def _stream(self, request: Request, upstream: EngineResponse, first: bytes,
                       table: PoolTable, choice: registry.Pick, features: RequestFeatures,
-                      t0: float, first_token: Callable[[], None] | None = None) -> web.StreamResponse:
+                      t0: float, first_token: Callable[[], None] | None = None) -> StreamResponse:
         """`first_token`: called once the engine's first piece (its prefill is done) is on its way
         to the client, not before: its bookkeeping is off the first token's path."""
-        ex = request[_EXCHANGE]
-        out = _Relayed(status=upstream.status, reason=upstream.reason,
+        ex = request.exchange
+        out = StreamResponse(status=upstream.status, reason=upstream.reason,
                        headers=forward_response_headers(upstream.raw_headers))
         out.headers[REPLICA_HEADER] = choice.replica_id
         is_sse = upstream.content_type == "text/event-stream"
@@ -606,7 +590,7 @@ class Proxy:
             transport = request.transport
             if transport is None or transport.is_closing():
                 raise ConnectionResetError("the client went away")
-            sink = _ClientSink(transport, out.headers.get("Transfer-Encoding") == "chunked", first,
+            sink = _ClientSink(transport, out.chunked, first,
                                self._clock if first_at is not None and ex.plans_tpot else None)
             upstream.relay(sink)
             while True:
@@ -628,7 +612,7 @@ class Proxy:
                     break
                 if transport.is_closing():  # the client is gone: its handler is being cancelled
                     raise ConnectionResetError("the client went away")
-                await request.writer.drain()  # a slow client: the engine waits (relay paused it)
+                await request.drain()  # a slow client: the engine waits (relay paused it)
                 upstream.relay_resume()
             await out.write_eof()
             if upstream.status == 200:

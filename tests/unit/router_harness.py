@@ -1,4 +1,4 @@
-"""One router (a real Proxy behind a real aiohttp server on 127.0.0.1) in front of one engine URL,
+"""One router (a real Proxy behind the router's own HTTP server on 127.0.0.1) in front of one engine URL,
 with a hand-fed routing table: for tests of what the router sends to engines."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import random
 import time
 from typing import Any
 
-import aiohttp
-from aiohttp.test_utils import TestServer
+from router_serve import RouterClient  # type: ignore[import-not-found]
 
 from tidegate import codec, keys
 from tidegate.router.app import build_app, make_session
@@ -33,13 +32,12 @@ async def post_through_router(engine_url: str, settings: ProxySettings, path: st
     metrics = RouterMetrics(tables, inflight, wall=time.time)
     session = make_session(1.0)
     proxy = Proxy(tables, session, inflight, RetryBudget(time.monotonic), metrics, random.Random(1), settings)
-    server = TestServer(build_app(proxy, tables, metrics, "r-test", 1 << 20), host="127.0.0.1")
-    await server.start_server()
+    client = RouterClient(build_app(proxy, tables, metrics, "r-test", 1 << 20))
+    await client.start_server()
     try:
-        async with aiohttp.ClientSession() as http:
-            async with http.post(server.make_url(path), json=payload, headers=headers or {}) as r:
-                await r.read()
-                return r.status
+        async with client.post(path, json=payload, headers=headers or {}) as r:
+            await r.read()
+            return r.status
     finally:
-        await server.close()
+        await client.close()
         await session.close()

@@ -1,5 +1,5 @@
-"""router.app.dispatcher behind the guarded server (as `tidegate router` serves): the proxy's routes
-skip aiohttp's router and middleware chain, and still answer exactly as through the application."""
+"""router.app's routes on the router's own HTTP server (as `tidegate router` serves): the proxied
+routes reach the engine, other methods and paths get OpenAI errors, a handler's bug is a 500."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import time
 
 import aiohttp
 import pytest
-from aiohttp import web
+from router_serve import RouterClient  # type: ignore[import-not-found]
 from test_router_proxy import CHAT, Engine, set_table  # type: ignore[import-not-found]
 
-from tidegate.router.app import build_app, dispatcher, make_session
+from tidegate.router.app import build_app, make_session
 from tidegate.router.budget import RetryBudget
-from tidegate.router.frontdoor import FrontDoor, FrontDoorLimits, GuardedAppRunner
+from tidegate.router.http1 import Answer, Request
 from tidegate.router.inflight import InflightCounter
 from tidegate.router.metrics import RouterMetrics
 from tidegate.router.proxy import Proxy, ProxySettings
@@ -21,21 +21,17 @@ from tidegate.router.tables import RoutingTables
 
 
 class _Served:
-    """The app built from `proxy`, served by a GuardedAppRunner with the dispatcher on 127.0.0.1."""
+    """The app built from `proxy`, served by the router's HTTP server on 127.0.0.1."""
 
     def __init__(self, proxy, tables: RoutingTables, metrics: RouterMetrics) -> None:
-        self.app = build_app(proxy, tables, metrics, "r-test", 1 << 20)
-        self.runner = GuardedAppRunner(self.app, FrontDoor(FrontDoorLimits()), dispatcher(self.app),
-                                       handler_cancellation=True, access_log=None)
+        self.client = RouterClient(build_app(proxy, tables, metrics, "r-test", 1 << 20))
 
     async def __aenter__(self) -> str:
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        await self.client.start_server()
+        return self.client.url
 
     async def __aexit__(self, *exc) -> None:
-        await self.runner.cleanup()
+        await self.client.close()
 
 
 @pytest.fixture
@@ -89,7 +85,7 @@ async def test_expect_continue_is_answered(served):
 class _FailingProxy:
     """A stand-in whose handler has a bug: the direct route keeps the error middleware."""
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: Request) -> Answer:
         raise RuntimeError("bug")
 
 

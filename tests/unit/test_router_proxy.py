@@ -11,7 +11,8 @@ import time
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
+from router_serve import RouterClient  # type: ignore[import-not-found]
 
 from tidegate import codec, keys
 from tidegate.router.app import build_app, make_session
@@ -79,12 +80,12 @@ class Router:
         self.settings = ProxySettings(**settings)
         self.budget = RetryBudget(time.monotonic)
 
-    async def __aenter__(self) -> TestClient:
+    async def __aenter__(self) -> RouterClient:
         self.session = make_session(1.0)
         proxy = self.proxy = Proxy(self.tables, self.session, self.inflight, self.budget, self.metrics,
                                    random.Random(1), self.settings)
         app = build_app(proxy, self.tables, self.metrics, "r-test", self.max_body)
-        self.client = TestClient(TestServer(app, host="127.0.0.1"))
+        self.client = RouterClient(app)
         await self.client.start_server()
         return self.client
 
