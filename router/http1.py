@@ -78,14 +78,14 @@ class _DateHeader:
 
     def __init__(self) -> None:
         self._second = -1
-        self._line = b""
+        self._line = ""
 
-    def line(self) -> bytes:
+    def line(self) -> str:
         now = time.time()
         second = int(now)
         if second != self._second:
             self._second = second
-            self._line = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
+            self._line = f"Date: {formatdate(now, usegmt=True)}\r\n"
         return self._line
 
 
@@ -173,16 +173,16 @@ class Request:
                 waiter.set_exception(exc)
 
 
-def _head(status: int, reason: str | None, headers: CIMultiDict[str] | None, framing: bytes, close: bool) -> bytes:
-    lines = [b"HTTP/1.1 %d %b\r\n" % (status, (reason or _REASONS.get(status, "Unknown")).encode("latin-1"))]
+def _head(status: int, reason: str | None, headers: CIMultiDict[str] | None, framing: str, close: bool) -> bytes:
+    parts = [f"HTTP/1.1 {status} {reason or _REASONS.get(status, 'Unknown')}\r\n"]
     if headers:
-        lines.extend(b"%b: %b\r\n" % (k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())
-    lines.append(framing)
-    lines.append(_DATE.line())
+        parts += [f"{k}: {v}\r\n" for k, v in headers.items()]
+    parts.append(framing)
+    parts.append(_DATE.line())
     if close:
-        lines.append(b"Connection: close\r\n")
-    lines.append(b"\r\n")
-    return b"".join(lines)
+        parts.append("Connection: close\r\n")
+    parts.append("\r\n")
+    return "".join(parts).encode("latin-1")
 
 
 class Response:
@@ -205,7 +205,7 @@ class Response:
 
     def encode(self, head_only: bool, close: bool) -> bytes:
         body = self.body
-        head = _head(self.status, self.reason, self.headers, b"Content-Length: %d\r\n" % len(body),
+        head = _head(self.status, self.reason, self.headers, f"Content-Length: {len(body)}\r\n",
                      close or self.close)
         return head if head_only or not body else head + body
 
@@ -255,23 +255,27 @@ class StreamResponse:
     def _head(self) -> bytes:
         self._sent = True
         if self.chunked:
-            framing = b"Transfer-Encoding: chunked\r\n"
+            framing = "Transfer-Encoding: chunked\r\n"
         elif self.content_length is not None:
-            framing = b"Content-Length: %d\r\n" % self.content_length
+            framing = f"Content-Length: {self.content_length}\r\n"
         else:
-            framing = b""
+            framing = ""
         request = self._request
         return _head(self.status, self.reason, self.headers, framing,
                      request is not None and not request.keep_alive)
 
     async def write(self, data: bytes) -> None:
-        transport = self._transport()
+        request = self._request
+        if request is None:
+            raise RuntimeError("write before prepare")
+        transport = request.transport
         if transport.is_closing():
             raise ConnectionResetError("the client went away")
         piece = b"%x\r\n%b\r\n" % (len(data), data) if self.chunked and data else data
-        transport.write(self._head() + piece if not self._sent else piece)
-        if self._request is not None:
-            await self._request._conn.drain()
+        transport.write(self._head() + piece if self._sent is False else piece)
+        conn = request._conn
+        if conn._paused_writing or conn._closing:  # no coroutine to await when nothing waits (hot path)
+            await conn.drain()
 
     async def write_eof(self) -> None:
         if self.finished:
@@ -490,7 +494,11 @@ class Http1Protocol(asyncio.Protocol):
             answer.force_close()
         finally:
             self._task = None
-        self._finish(request, answer)
+        try:
+            self._finish(request, answer)
+        except Exception as exc:  # an answer that cannot be written (a bug): the connection ends
+            self._door.event("http_error", status=500, code="unwritable_answer", error=exc.__class__.__name__)
+            self._close()
 
     def _finish(self, request: Request, answer: Answer | None) -> None:
         transport = self.transport
