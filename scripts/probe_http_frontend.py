@@ -2,8 +2,9 @@
 
 Serves a constant JSON answer on 127.0.0.1 with one of two servers, on uvloop:
 - `aiohttp`: aiohttp's low-level server (`web.Server`), whose handler reads the body, as the
-  router's front door does;
-- `bare`: a bare asyncio protocol on httptools' request parser, writing a prebuilt answer.
+  router's front door did until 2026-12-05;
+- `bare`: a bare asyncio protocol on httptools' request parser, writing a prebuilt answer (the
+  floor under router/http1.py, the router's server since).
 Prints the port, then serves until killed. Measure its CPU per request under `wrk` with the
 server pinned to one core (docs/BENCHMARKS.md, "Next to vllm-router and sglang-router"):
 
