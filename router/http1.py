@@ -514,12 +514,13 @@ class Http1Protocol(asyncio.Protocol):
             self._close()
             return
         self._queue.popleft()
+        if self._paused_reading and len(self._queue) <= 1:
+            # the next request's turn: the rest of its body (and what follows) may still be coming
+            self._paused_reading = False
+            transport.resume_reading()
         if self._queue:
             self._start()
             return
-        if self._paused_reading:
-            self._paused_reading = False
-            transport.resume_reading()
         self._idle()
 
     def _fail(self, canned: bytes, code: str, exc: BaseException | None, status: int = 400) -> None:

@@ -43,6 +43,8 @@ class EchoApp:
             except asyncio.CancelledError:
                 self.cancelled.set()
                 raise
+        if request.path == "/slow":
+            await asyncio.sleep(0.2)
         if request.path == "/bug":
             raise RuntimeError("bug")
         return json_response({"method": request.method, "path": request.path_qs, "len": len(body)})
@@ -114,6 +116,21 @@ async def test_keep_alive_serves_requests_in_turn_on_one_connection(served):
     assert status == 200 and "date" in headers and "server" not in headers
     assert headers["content-type"] == "application/json"
     assert [s[1] for s in app.seen] == ["/a", "/b"]
+
+
+async def test_a_pipelined_request_whose_body_comes_later_is_served_in_its_turn(served):
+    """The second request's head arrives while the first is handled (reading pauses there); the
+    rest of its body comes after: it must still be read once its turn comes."""
+    app, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    second = _post("/b", b"0123456789")
+    writer.write(_post("/slow", b"one") + second[:-6])
+    await asyncio.sleep(0.05)
+    writer.write(second[-6:])
+    first, then = await _read_answer(reader), await _read_answer(reader)
+    assert json.loads(first[2])["path"] == "/slow" and json.loads(then[2]) == {"method": "POST", "path": "/b",
+                                                                               "len": 10}
+    writer.close()
 
 
 async def test_connection_close_and_http10_close_after_the_answer(served):
