@@ -41,15 +41,12 @@ class App:
     def __init__(self, max_body_bytes: int) -> None:
         self.max_body_bytes = max_body_bytes
         self._routes: dict[tuple[str, str], Handler] = {}
-        self._methods: dict[str, list[str]] = {}
         self._ratelog = LogRateLimiter(time.monotonic)
 
     def add(self, method: str, path: str, handler: Handler) -> None:
         self._routes[(method, path)] = handler
-        self._methods.setdefault(path, []).append(method)
         if method == "GET":
             self._routes[("HEAD", path)] = handler
-            self._methods[path].append("HEAD")
 
     def routes(self) -> list[tuple[str, str]]:
         """(path, method) of every route (HEAD, implied by GET, left out)."""
@@ -58,8 +55,8 @@ class App:
     async def __call__(self, request: Request) -> Answer:
         handler = self._routes.get((request.method, request.path))
         if handler is None:
-            allowed = self._methods.get(request.path)
-            if allowed is None:
+            allowed = [m for m, p in self._routes if p == request.path]  # an error's path only
+            if not allowed:
                 return json_error(404, "Not Found", "invalid_request_error")
             return json_error(405, "Method Not Allowed", "invalid_request_error",
                               headers={"Allow": ", ".join(sorted(allowed))})

@@ -92,6 +92,9 @@ class ConnectionTable(Generic[C]):
     def __len__(self) -> int:
         return len(self._conns)
 
+    def connections(self) -> list[C]:
+        return list(self._conns)
+
     def add(self, conn: C, now: float) -> None:
         self._conns[conn] = now
 

@@ -341,12 +341,10 @@ class Http1Protocol(asyncio.Protocol):
             transport.close()
             return
         self.transport = transport
-        self._server.connections.add(self)
         self._idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
-        self._server.connections.discard(self)
         self._door.table.remove(self)
         self._cancel_timers()
         task = self._task
@@ -599,7 +597,6 @@ class Server:
         self.door = door
         self.max_body_bytes = max_body_bytes
         self.loop = loop or asyncio.get_running_loop()
-        self.connections: set[Http1Protocol] = set()
         self.stopping = False
 
     def __call__(self) -> asyncio.Protocol:
@@ -620,11 +617,12 @@ class Server:
         """After the listener closed: idle connections close now, busy ones after their answer,
         and whatever is still running after `grace_s` is cut."""
         self.stopping = True
-        for conn in list(self.connections):
+        table = self.door.table  # every open connection is in it until connection_lost
+        for conn in table.connections():
             conn.close_if_idle()
         deadline = self.loop.time() + grace_s
-        while self.connections and self.loop.time() < deadline:
+        while len(table) and self.loop.time() < deadline:
             await asyncio.sleep(0.05)
-        for conn in list(self.connections):
+        for conn in table.connections():
             with contextlib.suppress(Exception):
                 conn._close()

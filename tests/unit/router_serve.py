@@ -50,10 +50,6 @@ class RouterClient:
         assert self._http is not None
         return self._http.get(path, **kwargs)
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        assert self._http is not None
-        return self._http.request(method, path, **kwargs)
-
     async def close(self) -> None:
         if self._http is not None:
             await self._http.close()

@@ -306,7 +306,7 @@ async def test_shutdown_closes_idle_connections_and_lets_a_busy_one_answer():
     status, headers, body = await _read_answer(busy_r)
     assert (status, body, headers["connection"]) == (200, b"done", "close")
     await asyncio.wait_for(stopping, 5)
-    assert not server.connections
+    assert len(server.door.table) == 0
     idle_w.close()
     busy_w.close()
 
