@@ -125,6 +125,9 @@ class SimulateConfig(ConfigBase, AdmissionFields):
                                               "with --rate-lag-windows 10). For measuring the estimator.")
     router_spread: str = Field("rr", description="How requests reach the routers: rr (round-robin, like an L4 "
                                                  "balancer) or hash (by session key: the first prefix hash).")
+    router_offset: int = Field(0, ge=0, description="With rr spread: the router the first request reaches (the "
+                               "rest in turn). Another assignment of the same trace and classes, to see how far "
+                               "a several-router figure moves with it alone.")
     max_requests: int | None = Field(None, ge=1, description="Replay only the first M requests of the trace (its "
                                      "first M rows: published traces are in time order; the rest is not read).")
     replica_ids: tuple[str, ...] = Field((), description="The replicas' ids, comma-separated, one per replica "
@@ -283,6 +286,8 @@ def overload_parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--peer-ms", type=float, default=50.0)
     ap.add_argument("--propagation-ms", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--router-offset", type=int, default=0,
+                    help=SimulateConfig.model_fields["router_offset"].description)
     ap.add_argument("--slo-ttft", default="2s")
     ap.add_argument("--slow-replicas", default=None, metavar="N:F[@T]",
                     help=SimulateConfig.model_fields["slow_replicas"].description)
@@ -294,6 +299,7 @@ def overload_config(args: argparse.Namespace, **fields: Any) -> SimulateConfig:
     return SimulateConfig(trace=args.trace, replicas=16, profile=("llama3-8b-h100",), policy=("tidegate",),
                           admission=True, class_mix=OVERLOAD_CLASS_MIX, load=(args.load,), routers=(args.routers,),
                           peer_ms=args.peer_ms, propagation_ms=args.propagation_ms, seed=args.seed,
+                          router_offset=args.router_offset,
                           slo_ttft=args.slo_ttft, slow_replicas=args.slow_replicas, **fields)
 
 
@@ -384,7 +390,8 @@ def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
                      propagation_s=cfg.propagation_ms / 1000.0, hop_s=cfg.hop_ms / 1000.0,
                      record_samples=cfg.plot is not None,
                      scrape_interval_s=None if cfg.scrape_ms is None else cfg.scrape_ms / 1000.0,
-                     routers=routers, router_spread=cfg.router_spread, admission=admission,
+                     routers=routers, router_spread=cfg.router_spread, router_offset=cfg.router_offset,
+                     admission=admission,
                      peer_interval_s=cfg.peer_ms / 1000.0,
                      rates=rate_config(cfg),
                      budgets=BudgetConfig() if admission is not None and cfg.admission_budgets else None,
@@ -404,7 +411,8 @@ def simulate_once(profiles: Sequence[Profile], policy: str, reqs: Sequence[workl
     result = sim.run()
     wall = time.perf_counter() - t0
     summary = results.summarize(result, policy=policy, load=load, slo_ttft_s=slo[0], slo_tpot_s=slo[1], wall_s=wall,
-                                routers=sim_cfg.routers, seed=seed, admission=sim.admission)
+                                routers=sim_cfg.routers, seed=seed, admission=sim.admission,
+                                **({"router_offset": sim_cfg.router_offset} if sim_cfg.router_offset else {}))
     log.info("run_done", policy=policy, load=load, routers=sim_cfg.routers, seed=seed, requests=len(reqs),
              wall_s=round(wall, 2), virtual_s=summary["makespan_s"])
     return summary, result

@@ -144,6 +144,10 @@ class SimConfig:
     scrape_interval_s: float | None = None
     routers: int = 1
     router_spread: str = "rr"           # rr | hash (see the module doc)
+    # The router the first request reaches under rr (the rest follow in turn): another assignment
+    # of the same trace to the same routers, to measure how far a several-router figure moves with
+    # which router each request happens to reach (docs/BENCHMARKS.md, "How far one run moves").
+    router_offset: int = 0
     # With several routers, how often each publishes its own per-replica load and learned prefix
     # blocks to its peers (the live router's load record, written every 0.05 s by default:
     # RouterConfig.peer_load_interval_s); it reaches them `propagation_s` later. Only policies
@@ -201,6 +205,8 @@ class SimConfig:
             raise ValueError("max_tokens_cap must be >= 1 (None: the true output)")
         if self.router_spread not in ROUTER_SPREADS:
             raise ValueError(f"router_spread must be one of {', '.join(ROUTER_SPREADS)}")
+        if self.router_offset < 0:
+            raise ValueError("router_offset must be >= 0")
         if len(set(self.replica_ids)) != len(self.replica_ids) or not all(self.replica_ids):
             raise ValueError("replica_ids must be distinct and non-empty")
         if len({d.replica for d in self.slowdowns}) != len(self.slowdowns):
@@ -402,7 +408,7 @@ class Simulation:
                 if callable(getattr(router.policy, "take_report", None)):
                     self._push(self.now + phase_rng.uniform(0.0, self.cfg.peer_interval_s), _PEER_PUBLISH, k)
         self._published_key: tuple | None = None
-        self._rr = 0
+        self._rr = self.cfg.router_offset
         self.inflight: dict[str, int] = {rid: 0 for rid in ids}   # all routers together
         self.records: dict[str, RequestRecord] = {}
         self._features: dict[str, RequestFeatures] = {}

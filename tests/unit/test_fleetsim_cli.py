@@ -287,3 +287,10 @@ def test_rates_csv_needs_runs_in_this_process(tmp_path):
     proc = _run("--requests", "5", "--find-capacity", "--rates-csv", str(tmp_path / "r.csv"))
     assert proc.returncode == 2 and "--rates-csv" in proc.stderr
     assert not (tmp_path / "r.csv").exists()
+
+
+def test_router_offset_reaches_the_simulation_and_rejects_negatives():
+    assert simulate._sim_config(simulate.SimulateConfig(), 4).router_offset == 0
+    assert simulate._sim_config(simulate.SimulateConfig(router_offset=3), 4).router_offset == 3
+    proc = _run("--requests", "5", "--router-offset", "-1")
+    assert proc.returncode == 2 and "router" in proc.stderr, proc.stderr

@@ -72,6 +72,8 @@ def test_config_rejects_bad_router_settings():
         SimConfig(routers=0)
     with pytest.raises(ValueError, match="router_spread"):
         SimConfig(router_spread="random")
+    with pytest.raises(ValueError, match="router_offset"):
+        SimConfig(router_offset=-1)
 
 
 def test_one_policy_instance_per_router():
@@ -147,6 +149,19 @@ def test_hash_spread_keeps_a_session_on_one_router():
         by_session.setdefault(r.req.prefix_hashes[0], set()).add(r.router)
     assert all(len(v) == 1 for v in by_session.values())
     assert len({next(iter(v)) for v in by_session.values()}) > 1  # five sessions do not all meet one router
+
+
+@pytest.mark.parametrize(("routers", "offset", "want"), [
+    (2, 0, [0, 1, 0, 1, 0, 1]),
+    (2, 1, [1, 0, 1, 0, 1, 0]),
+    (3, 2, [2, 0, 1, 2, 0, 1]),
+    (3, 5, [2, 0, 1, 2, 0, 1]),   # modulo the routers
+])
+def test_router_offset_picks_the_first_router(routers, offset, want):
+    pols = [FakeFirstPick() for _ in range(routers)]
+    reqs = [workload.SimRequest(i, 0.05 * i, 300, 20) for i in range(6)]
+    res = Simulation([H100], pols, reqs, SimConfig(routers=routers, router_offset=offset)).run()
+    assert [r.router for r in sorted(res.records, key=lambda r: r.req.arrival_s)] == want
 
 
 def test_hash_spread_without_prefix_hashes_falls_back_to_round_robin():
