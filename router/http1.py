@@ -148,6 +148,13 @@ class Request:
         """Waits while the client reads slower than we write."""
         await self._conn.drain()
 
+    @property
+    def write_blocked(self) -> bool:
+        """Whether `drain` would wait or raise: a writer awaits it only then, so the hot path
+        makes no coroutine when nothing waits."""
+        conn = self._conn
+        return conn._paused_writing or conn._closing
+
     def _body(self, data: bytes) -> None:
         if self._too_large:
             return
@@ -265,17 +272,14 @@ class StreamResponse:
                      request is not None and not request.keep_alive)
 
     async def write(self, data: bytes) -> None:
-        request = self._request
-        if request is None:
-            raise RuntimeError("write before prepare")
-        transport = request.transport
+        transport = self._transport()
         if transport.is_closing():
             raise ConnectionResetError("the client went away")
         piece = b"%x\r\n%b\r\n" % (len(data), data) if self.chunked and data else data
-        transport.write(self._head() + piece if self._sent is False else piece)
-        conn = request._conn
-        if conn._paused_writing or conn._closing:  # no coroutine to await when nothing waits (hot path)
-            await conn.drain()
+        transport.write(piece if self._sent else self._head() + piece)
+        request = self._request
+        if request is not None and request.write_blocked:
+            await request.drain()
 
     async def write_eof(self) -> None:
         if self.finished:

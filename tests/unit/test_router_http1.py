@@ -47,6 +47,8 @@ class EchoApp:
             await asyncio.sleep(0.2)
         if request.path == "/bug":
             raise RuntimeError("bug")
+        if request.path == "/unwritable":  # a header latin-1 cannot carry: the head cannot be written
+            return Response(200, b"x", headers={"X-Name": "\u2603"})
         return json_response({"method": request.method, "path": request.path_qs, "len": len(body)})
 
 
@@ -238,6 +240,16 @@ async def test_a_handler_bug_is_a_500_and_the_connection_closes(served):
     _, port = served
     got, closed = await _exchange(port, _post("/bug", b""))
     assert got[0][0] == 500 and json.loads(got[0][2])["error"]["code"] == "internal_error" and closed
+
+
+async def test_an_answer_that_cannot_be_written_ends_the_connection_and_the_server_serves_on(served):
+    _, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_post("/unwritable", b""))
+    assert await asyncio.wait_for(reader.read(), 5) == b""   # closed, nothing half-written
+    writer.close()
+    got, _ = await _exchange(port, _post("/a", b"x"))
+    assert got[0][0] == 200
 
 
 async def test_a_client_that_goes_away_cancels_its_handler(served):
