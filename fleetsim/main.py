@@ -385,7 +385,7 @@ def rate_config(cfg: SimulateConfig) -> RateEstimatorConfig | None:
 
 
 def _sim_config(cfg: SimulateConfig, routers: int) -> SimConfig:
-    admission = cfg.admission_config()
+    admission = cfg.admission_config(peer_report_s=(cfg.peer_ms + cfg.propagation_ms) / 1000.0)
     return SimConfig(report_interval_s=cfg.report_interval_s, tick_s=cfg.tick_s,
                      propagation_s=cfg.propagation_ms / 1000.0, hop_s=cfg.hop_ms / 1000.0,
                      record_samples=cfg.plot is not None,

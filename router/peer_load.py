@@ -37,7 +37,7 @@ from tidegate.policy.peer_load import LearnedBlocks, PeerReport, ReleasedBlocks,
 from tidegate.store.api import KeyValue, Store
 from tidegate.store.lease import LeaseKeeper
 from tidegate.store.watchcache import WatchCache
-from tidegate.v1.records_pb2 import HeldLoad, ReplicaLoad, RouterLoad
+from tidegate.v1.records_pb2 import HeldHead, HeldLoad, ReplicaLoad, RouterLoad
 
 log = structlog.get_logger(__name__)
 
@@ -66,7 +66,9 @@ def load_record(router_id: str, wall_s: float, reports: Mapping[str, PeerReport]
     rec = RouterLoad(router_id=router_id)
     rec.updated_at.FromNanoseconds(int(wall_s * 1e9))
     for pool, h in (held or {}).items():
-        rec.pools[pool].held.CopyFrom(HeldLoad(tokens=dict(h.tokens), critical_slack_s=h.critical_slack_s))
+        rec.pools[pool].held.CopyFrom(HeldLoad(
+            tokens=dict(h.tokens), critical_slack_s=h.critical_slack_s,
+            heads={c: HeldHead(age_s=age, prefill_tokens=t) for c, (age, t) in h.heads.items()}))
     room = max_keys
     for pool, report in reports.items():
         p = rec.pools[pool]
@@ -113,7 +115,8 @@ def held_reports(rec: RouterLoad) -> dict[str, HeldReport]:
     for pool, p in rec.pools.items():
         if p.HasField("held"):
             slack = p.held.critical_slack_s if p.held.HasField("critical_slack_s") else None
-            out[pool] = HeldReport(dict(p.held.tokens), slack)
+            heads = {c: (h.age_s, h.prefill_tokens) for c, h in p.held.heads.items()}
+            out[pool] = HeldReport(dict(p.held.tokens), slack, heads)
     return out
 
 

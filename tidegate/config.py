@@ -15,6 +15,7 @@ Errors name the section, the field and the source of the bad value.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import types
 import typing
@@ -160,12 +161,14 @@ class AdmissionFields(BaseModel):
     def _admission_values(cls, v: str, info: Any) -> str:
         return check_flag(info.field_name, v)
 
-    def admission_config(self) -> AdmissionConfig | None:
-        """The queue's config; None without --admission."""
+    def admission_config(self, peer_report_s: float | None = None) -> AdmissionConfig | None:
+        """The queue's config; None without --admission. `peer_report_s`: how stale peer routers'
+        held reports may be when they arrive (AdmissionConfig.peer_report_s; None: its default)."""
         if not self.admission:
             return None
-        return config_from_text(self.admission_queue, self.admission_max_wait, self.tpot_guard,
-                                self.admission_decide, self.admission_ttft_margin)
+        cfg = config_from_text(self.admission_queue, self.admission_max_wait, self.tpot_guard,
+                               self.admission_decide, self.admission_ttft_margin)
+        return cfg if peer_report_s is None else dataclasses.replace(cfg, peer_report_s=peer_report_s)
 
 
 # ---------------------------------------------------------------- argparse glue

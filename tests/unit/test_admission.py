@@ -314,12 +314,14 @@ def test_held_report_is_what_peers_are_told() -> None:
     held(q, "standard", "b", tokens=200)
     held(q, "sheddable", "c", tokens=50)
     held(q, "critical", "k", tokens=10)         # deadline 2.0, predicted TTFT 0.1: last start 1.9
-    assert q.held_report(0.4) == HeldReport({"critical": 10.0, "standard": 500.0, "sheddable": 50.0}, 1.5)
+    assert q.held_report(0.4) == HeldReport({"critical": 10.0, "standard": 500.0, "sheddable": 50.0}, 1.5,
+                                            {"critical": (0.4, 10.0), "standard": (0.4, 300.0),
+                                             "sheddable": (0.4, 50.0)})
     q.remove("c")
     q.remove("k")
     h, d = q.try_head(0.1, place(0.5))  # type: ignore[misc]
     assert (h.key, d.action) == ("a", DISPATCH)
-    assert q.held_report(0.1) == HeldReport({"standard": 200.0}, None)
+    assert q.held_report(0.1) == HeldReport({"standard": 200.0}, None, {"standard": (0.1, 200.0)})
     peer = AdmissionQueue(cfg())
     peer.on_peer_held("router-0", q.held_report(0.1), 0.2)
     assert peer.arrive("x", "sheddable", 0.2, 2.2, place(0.5)).action == HOLD
@@ -349,6 +351,125 @@ def test_a_peers_critical_head_short_of_slack_stops_our_lower_classes_even_when_
 def test_held_report_rejects_garbage(tokens: dict, slack: float | None) -> None:
     with pytest.raises(ValueError):
         HeldReport(tokens, slack)
+
+
+@pytest.mark.parametrize("heads", [{"gold": (0.1, 1.0)}, {"standard": (-0.1, 1.0)}, {"standard": (0.1, 0.0)},
+                                   {"standard": (float("nan"), 1.0)}, {"standard": (0.1, float("inf"))}])
+def test_held_report_rejects_garbage_heads(heads: dict) -> None:
+    with pytest.raises(ValueError):
+        HeldReport({}, None, heads)
+
+
+# ---------------------------------------------------------------- arrival order across routers
+
+# The gate at the defaults: a tenth of the 2 s TTFT target (0.2 s), and at least twice the peers'
+# report staleness (2 x 0.055 s).
+@pytest.mark.parametrize(("case", "heads", "cls", "tokens", "config", "action"), [
+    ("a peer's head of its class held 0.3 s longer: hold behind it", {"standard": (0.3, 500.0)}, "standard",
+     1000.0, {}, HOLD),
+    ("held 0.1 s longer, within the gate: go", {"standard": (0.1, 500.0)}, "standard", 1000.0, {}, DISPATCH),
+    ("the peer's head is larger: it may wait for room this one does not need, go", {"standard": (0.3, 5000.0)},
+     "standard", 1000.0, {}, DISPATCH),
+    ("the same size holds it back", {"standard": (0.3, 1000.0)}, "standard", 1000.0, {}, HOLD),
+    ("sheddable behind a peer's older sheddable", {"sheddable": (0.3, 500.0)}, "sheddable", 1000.0, {}, HOLD),
+    ("a peer's older head of a lower class does not", {"sheddable": (5.0, 1.0)}, "standard", 1000.0, {}, DISPATCH),
+    ("critical behind a peer's older critical head", {"critical": (0.3, 1.0)}, "critical", 1000.0, {}, HOLD),
+    ("off", {"standard": (0.3, 500.0)}, "standard", 1000.0, {"peer_fifo_share": None}, DISPATCH),
+    ("a wider share: 0.3 s is within it", {"standard": (0.3, 500.0)}, "standard", 1000.0,
+     {"peer_fifo_share": 0.2}, DISPATCH),
+    ("stale reports widen the gate to twice their age: 0.3 s is within 0.4", {"standard": (0.3, 500.0)},
+     "standard", 1000.0, {"peer_report_s": 0.2}, DISPATCH),
+])
+def test_arrival_waits_for_a_peers_head_held_longer(case: str, heads: dict, cls: str, tokens: float,
+                                                    config: dict, action: str) -> None:
+    q = AdmissionQueue(dataclasses.replace(cfg(), **config))
+    tokens_held = {c: t for c, (_, t) in heads.items()}
+    q.on_peer_held("router-1", HeldReport(tokens_held, None, heads), 1.0)
+    assert q.arrive("new", cls, 1.0, 3.0, place(0.5, tokens=tokens)).action == action, case
+
+
+def test_a_peers_older_head_holds_back_our_non_urgent_head_until_its_report_moves_on() -> None:
+    q = AdmissionQueue(cfg())
+    held(q, "standard", "a", now=1.0)             # deadline 3.0, predicted TTFT 0.1: urgent from 2.7
+    # a peer's standard head came 0.5 s before ours
+    q.on_peer_held("router-1", HeldReport({"standard": 800.0}, None, {"standard": (0.6, 800.0)}), 1.1)
+    assert q.candidates(1.1) == []
+    sent: list[str] = []
+    adm.pump(q, 1.1, lambda h: place(0.1), lambda h, d: sent.append(h.key), lambda h, d: pytest.fail("reject"))
+    assert sent == [] and "a" in q
+    assert [h.key for h in q.candidates(2.75)] == ["a"]     # urgent: a stale report cannot make it miss
+    # the peer's head went; its next one came after ours
+    q.on_peer_held("router-1", HeldReport({"standard": 800.0}, None, {"standard": (0.05, 800.0)}), 1.2)
+    assert [h.key for h in q.candidates(1.2)] == ["a"]
+    q.on_peer_held("router-1", HeldReport({"standard": 800.0}, None, {"standard": (0.7, 800.0)}), 1.2)
+    assert q.candidates(1.2) == []
+    q.on_peer_held("router-1", HeldReport({}), 1.2)         # it holds nothing now
+    assert [h.key for h in q.candidates(1.2)] == ["a"]
+    q.on_peer_held("router-1", HeldReport({"standard": 800.0}, None, {"standard": (0.7, 800.0)}), 1.2)
+    q.forget_peer("router-1")                               # its presence expired
+    assert [h.key for h in q.candidates(1.2)] == ["a"]
+
+
+def test_a_request_yields_to_a_peers_older_head_for_two_gates_at_most() -> None:
+    """A head that can go goes at its router's next look and its next report says so; one still
+    held after twice the gate (0.4 s at a 2 s target) waits for room ours does not need."""
+    q = AdmissionQueue(cfg())
+    held(q, "standard", "a", now=1.0)              # deadline 3.0: urgent only from 2.7
+    for now in (1.1, 1.3, 1.39):
+        q.on_peer_held("router-1", HeldReport({"standard": 800.0}, None, {"standard": (now, 800.0)}), now)
+        assert q.candidates(now) == [], now        # the peer's head came at 0.0, ours at 1.0
+    q.on_peer_held("router-1", HeldReport({"standard": 800.0}, None, {"standard": (1.41, 800.0)}), 1.41)
+    assert [h.key for h in q.candidates(1.41)] == ["a"]
+
+
+def test_a_peer_that_stops_reporting_holds_nobody_back() -> None:
+    """A holding router writes every interval; two report ages (2 x 0.055 s) without one, it is
+    frozen or cut off, and its last heads no longer count, though its presence lasts seconds."""
+    q = AdmissionQueue(cfg())
+    held(q, "standard", "a", now=1.0)
+    q.on_peer_held("router-1", HeldReport({"standard": 800.0}, None, {"standard": (0.6, 800.0)}), 1.1)
+    assert q.candidates(1.2) == []
+    assert [h.key for h in q.candidates(1.25)] == ["a"]
+    assert q.arrive("b", "standard", 1.25, 3.25, place(0.5)).action == HOLD    # behind our own "a"
+    q.remove("a")
+    q.remove("b")
+    assert q.arrive("c", "standard", 1.25, 3.25, place(0.5)).action == DISPATCH
+
+
+def test_two_routers_told_of_each_others_heads_serve_the_older_first() -> None:
+    """Each router's report as the other reads it, a report interval late: the one whose head came
+    first may go, the other waits; neither waits on the other at once (no deadlock)."""
+    a, b = AdmissionQueue(cfg()), AdmissionQueue(cfg())
+    held(a, "standard", "old", now=0.0)
+    held(b, "standard", "young", now=0.4)
+    b.on_peer_held("router-a", a.held_report(0.45), 0.5)
+    a.on_peer_held("router-b", b.held_report(0.45), 0.5)
+    assert [h.key for h in a.candidates(0.5)] == ["old"]
+    assert b.candidates(0.5) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(cls=st.sampled_from(["critical", "standard", "sheddable"]),
+       heads=st.dictionaries(st.sampled_from(["critical", "standard", "sheddable"]),
+                             st.tuples(st.floats(0.0, 0.2), st.floats(1.0, 5000.0)), max_size=3),
+       larger=st.dictionaries(st.sampled_from(["critical", "standard", "sheddable"]),
+                              st.tuples(st.floats(0.0, 30.0), st.floats(5000.001, 1e6)), max_size=3),
+       own_held=st.lists(st.sampled_from(["critical", "standard", "sheddable"]), max_size=3),
+       ttft=st.floats(0.05, 3.0))
+def test_peer_heads_within_the_gate_or_larger_change_no_arrival(cls: str, heads: dict, larger: dict,
+                                                                own_held: list, ttft: float) -> None:
+    """The order across routers only holds back: peers' heads held no longer than the gate (0.2 s
+    at a 2 s target), or larger than the request, decide nothing."""
+    report = {**heads, **larger}
+    tokens = {c: t for c, (_, t) in report.items()}
+    with_peer, without = AdmissionQueue(cfg()), AdmissionQueue(cfg())
+    for q in (with_peer, without):
+        for i, c in enumerate(own_held):
+            q.arrive(f"h{i}", c, 0.0, 2.0, place(0.1, frozenset(), tokens=1000.0))
+    with_peer.on_peer_held("router-1", HeldReport(tokens, None, report), 0.0)
+    without.on_peer_held("router-1", HeldReport(tokens, None, {}), 0.0)
+    p = place(ttft, tokens=5000.0)
+    assert with_peer.arrive("new", cls, 0.0, 2.0, p) == without.arrive("new", cls, 0.0, 2.0, p)
 
 
 def test_a_held_request_that_cannot_make_it_behind_its_own_class_is_rejected() -> None:

@@ -271,7 +271,8 @@ async def test_a_peer_holding_a_higher_class_holds_ours_back_until_it_holds_noth
     t = asyncio.create_task(admit(g, pol, "standard"))
     await asyncio.sleep(0)
     assert not t.done() and g.held("m")["standard"] == 1    # the peer's critical goes first
-    assert g.held_reports() == {"m": HeldReport({"standard": 500.0})}   # what this router tells its peers
+    # what this router tells its peers: what it holds, and its head (held 0 s, 500 tokens)
+    assert g.held_reports() == {"m": HeldReport({"standard": 500.0}, None, {"standard": (0.0, 500.0)})}
     g.on_peer_held("router-9", "m", None)                   # the peer's critical request went
     assert await asyncio.wait_for(t, 1) == Admitted(frozenset(), True, ttft_s=0.2)
     assert g.held_reports() == {}
@@ -281,6 +282,20 @@ async def test_a_peer_holding_the_same_class_does_not_hold_ours_back() -> None:
     g, _, _ = gate()
     g.on_peer_held("router-9", "m", HeldReport({"standard": 2000.0}))
     assert await admit(g, FakePolicy(), "standard") == Admitted(frozenset(), False, ttft_s=0.2)
+
+
+async def test_a_peers_head_of_the_same_class_held_longer_goes_first() -> None:
+    g, _, clock = gate()
+    pol = FakePolicy()                                      # both replicas open
+    # a peer's standard head of 400 tokens, held 0.5 s: past the gate (0.2 s at the 2 s target)
+    g.on_peer_held("router-9", "m", HeldReport({"standard": 400.0}, None, {"standard": (0.5, 400.0)}))
+    t = asyncio.create_task(admit(g, pol, "standard"))      # 500 tokens
+    await asyncio.sleep(0)
+    assert not t.done() and g.held("m")["standard"] == 1
+    clock[0] = 0.05
+    g.on_peer_held("router-9", "m", None)                   # the peer's request went, and nothing else is held
+    assert await asyncio.wait_for(t, 1) == Admitted(frozenset(), True, ttft_s=0.2)
+    g.close()
 
 
 async def test_first_tokens_teach_the_pool_its_ttft_margin() -> None:

@@ -242,7 +242,9 @@ async def test_a_failing_tick_is_logged_and_the_next_one_publishes():
 # ---------------------------------------------------------------------------- admission queues
 
 def test_what_the_queues_hold_goes_through_the_record():
-    held = {POOL: HeldReport({"critical": 1500.0, "sheddable": 20.0}, 0.25), "other": HeldReport({"standard": 1.0})}
+    held = {POOL: HeldReport({"critical": 1500.0, "sheddable": 20.0}, 0.25,
+                             {"critical": (0.125, 700.0), "sheddable": (2.5, 20.0)}),
+            "other": HeldReport({"standard": 1.0})}
     rec = RouterLoad.FromString(load_record("r0", 0.0, {POOL: PeerReport({}, ())}, held=held).SerializeToString())
     assert held_reports(rec) == held
     assert set(peer_reports(rec)) == {POOL, "other"}     # a pool that only holds is still a pool of the record
@@ -258,6 +260,16 @@ def test_garbage_held_tokens_refuse_the_record(held):
         held_reports(rec)
 
 
+@pytest.mark.parametrize("head", [{"age_s": -1.0, "prefill_tokens": 1.0}, {"age_s": 0.1, "prefill_tokens": 0.0},
+                                  {"age_s": math.nan, "prefill_tokens": 1.0}], ids=["negative-age", "no-tokens", "nan"])
+def test_garbage_held_heads_refuse_the_record(head):
+    rec = load_record("r0", 0.0, {})
+    rec.pools[POOL].held.heads["standard"].age_s = head["age_s"]
+    rec.pools[POOL].held.heads["standard"].prefill_tokens = head["prefill_tokens"]
+    with pytest.raises(ValueError):
+        held_reports(rec)
+
+
 async def test_the_publisher_writes_when_the_queue_changes_and_the_watcher_hands_it_on():
     store = InMemoryStore()
     keeper, ktask = await _leased(store)
@@ -269,9 +281,9 @@ async def test_the_publisher_writes_when_the_queue_changes_and_the_watcher_hands
     wtask = asyncio.create_task(watcher.run())
     try:
         assert not await pub.publish_once()                       # nothing held, nothing placed
-        queue[POOL] = HeldReport({"critical": 800.0}, 1.5)
+        queue[POOL] = HeldReport({"critical": 800.0}, 1.5, {"critical": (0.25, 800.0)})
         assert await pub.publish_once()
-        await until(lambda: seen == [("r0", POOL, HeldReport({"critical": 800.0}, 1.5))])
+        await until(lambda: seen == [("r0", POOL, HeldReport({"critical": 800.0}, 1.5, {"critical": (0.25, 800.0)}))])
         assert not await pub.publish_once()                       # unchanged
         queue.clear()                                             # it went: peers must hear so
         assert await pub.publish_once()

@@ -148,6 +148,32 @@ without them the prediction was half a second short at the start of a burst, so 
 held that could only go late (Azure conversation at 1.5x capacity, 4 routers, seed 1: 174
 standard requests served past their deadline, 2 with it; standard 84.2 -> 86.5 %;
 docs/BENCHMARKS.md, "Peers' held classes in the wait").
+
+Arrival order across routers. Within a class each router serves its own queue first come first
+served, but across routers nothing did: a router whose queue had just emptied sent its new
+arrivals at once, past requests its peers had held for a second, onto the replicas they were
+waiting for. Those then waited longer than their routers had predicted, the committing margin
+grew, and the routers shed more at arrival than one router does (Azure conversation at 1.5x
+capacity, 4 routers, seed 3: standard 82.1-83.9 % in all four assignments of requests to routers,
+against 86.6 % with one). So each report also carries, per class held, its head's age and prefill
+(`HeldReport.heads`), and a request does not go, at arrival (rule 1) or as the head in class
+order, while a peer's head of its class has been held longer than it by more than the gate:
+
+    gate = max(peer_fifo_share x the TTFT target, 2 x peer_report_s)
+
+It goes when the peer's report shows that head gone, when it is urgent itself, or when it has
+yielded for PEER_FIFO_YIELD (2) gates: a peer's head that can go goes at its router's next look
+and its next report says so, and one still held after that waits for room this request does not
+need (its prefix's replica, KV room), as a larger head may: only a peer's head no larger than the
+request counts (a replica's prefill budget, an idle replica of its own router's). Holding this one
+back for those would idle the room it fits (Mooncake, 4 routers at 1.5x capacity: standard 0.6
+points lower without the yield limit over 64 runs, 1.3 lower without the size rule over 8). The gate's floor: a report is up to `peer_report_s` old, so a head
+that went after it still looks held; narrower, routers wait on each other's stale heads
+(conversation at a gate of 0.03 s: standard 55.7 % on seed 3). Only fresh reports count: a peer
+holding something reports every interval, and one silent for two report ages (frozen, cut off)
+holds nobody back while its presence lasts. The share is measured (0.05 and 0.2 cost Mooncake
+or conversation; docs/BENCHMARKS.md, "Arrival order across routers"). One router has no peers
+and decides as before.
 """
 
 from __future__ import annotations
@@ -183,6 +209,12 @@ DEFAULT_DECIDE_S = 0.05
 # Waits measured per class for the committing margin (AdmissionConfig.decide_s): the latest few
 # hundred, a second or two of an overloaded router's holds; the quantile is taken every 16th.
 WAIT_SAMPLES, WAIT_EVERY = 256, 16
+# Arrival order across routers (AdmissionConfig.peer_fifo_share): how much longer than a request
+# a peer's head of its class must have been held to hold it back, as a share of the TTFT target.
+# Measured, not derived: see "Arrival order across routers" above.
+PEER_FIFO_SHARE = 0.1
+# ... and for how long a request yields to them, in gates (see "Arrival order across routers").
+PEER_FIFO_YIELD = 2.0
 # TTFT errors kept for the TTFT margin (as the TPOT plan margin keeps its TPOT errors: about a
 # thousand requests, refreshed every 16th), and how many it needs before it applies.
 TTFT_SAMPLES, TTFT_EVERY, TTFT_MIN_SAMPLES = 1024, 16, 32
@@ -225,6 +257,15 @@ class AdmissionConfig:
     # that a request sent with less slack than the predictions' usual error is rejected instead
     # of served late (None: no margin). See AdmissionQueue.observe_ttft.
     ttft_quantile: float | None = 0.95
+    # Arrival order across routers: a request does not go, at arrival or as its queue's head,
+    # while a peer router's head of its class, no larger than it, has been held longer than it by
+    # this share of the TTFT target (None: off). See "Arrival order across routers".
+    peer_fifo_share: float | None = PEER_FIFO_SHARE
+    # How stale a peer's held report may be when it arrives: its report interval plus its delivery
+    # (the router's 50 ms peer load interval and an etcd watch). The order above never holds a
+    # request back for less than twice this: a peer's head that went after its report still looks
+    # held until the next one, and a narrower gate has routers waiting on each other's stale heads.
+    peer_report_s: float = 0.055
 
     def __post_init__(self) -> None:
         if set(self.limits) != set(CLASSES):
@@ -237,6 +278,10 @@ class AdmissionConfig:
             raise ValueError("admission: wait_quantile must be in (0, 1)")
         if self.ttft_quantile is not None and not 0 < self.ttft_quantile < 1:
             raise ValueError("admission: ttft_quantile must be in (0, 1) (or None: no margin)")
+        if self.peer_fifo_share is not None and not 0 < self.peer_fifo_share < 1:
+            raise ValueError("admission: peer_fifo_share must be in (0, 1) (or None: off)")
+        if not (self.peer_report_s >= 0 and math.isfinite(self.peer_report_s)):
+            raise ValueError("admission: peer_report_s must be finite and >= 0")
 
 
 def parse_class_values(text: str, what: str, unit: str = "") -> dict[str, float]:
@@ -403,11 +448,18 @@ class HeldReport:
 
     tokens: Mapping[str, float]             # prefill tokens held per class; classes holding none left out
     critical_slack_s: float | None = None   # its critical head's last start - now at the report (None: none)
+    # Per class holding something: how long its head has been held at the report, and its prefill
+    # tokens (arrival order across routers).
+    heads: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for c, t in self.tokens.items():
             if c not in _RANK or not (t > 0 and math.isfinite(t)):
                 raise ValueError(f"admission: held tokens want a class and a finite value > 0, got {c!r}={t!r}")
+        for c, (age, t) in self.heads.items():
+            if c not in _RANK or not (age >= 0 and math.isfinite(age) and t > 0 and math.isfinite(t)):
+                raise ValueError(f"admission: a held head wants a class, a finite age >= 0 and finite tokens > 0, "
+                                 f"got {c!r}=({age!r}, {t!r})")
         if self.critical_slack_s is not None and not math.isfinite(self.critical_slack_s):
             raise ValueError(f"admission: critical_slack_s must be finite, got {self.critical_slack_s!r}")
 
@@ -472,6 +524,9 @@ class AdmissionQueue:
         self._peer_held: dict[str, dict[str, float]] = {}
         # Per peer router holding critical requests: its critical head's last start, in our clock.
         self._peer_critical: dict[str, float] = {}
+        # Per peer router: when its latest report came, and per class it holds its head's arrival
+        # (our clock) and prefill tokens.
+        self._peer_heads: dict[str, tuple[float, dict[str, tuple[float, float]]]] = {}
         # Per class: when a request of it was last refused for want of capacity (see "Higher
         # classes refused").
         self._refused_at: dict[str, float] = dict.fromkeys(CLASSES, -math.inf)
@@ -506,7 +561,9 @@ class AdmissionQueue:
         """What this router tells its peers about its queue (see "Class order across routers")."""
         crit = self._q[CRITICAL]
         return HeldReport({c: self._tokens[c] for c in CLASSES if self._q[c] and self._tokens[c] > 0},
-                          self._last_start(crit[0]) - now if crit else None)
+                          self._last_start(crit[0]) - now if crit else None,
+                          {c: (max(0.0, now - q[0].arrival_s), q[0].prefill_tokens)
+                           for c, q in self._q.items() if q})
 
     def on_peer_held(self, peer: str, report: HeldReport, now: float) -> None:
         """A peer router's latest `held_report`, received at `now` (replaces its previous one)."""
@@ -518,11 +575,37 @@ class AdmissionQueue:
             self._peer_critical.pop(peer, None)
         else:
             self._peer_critical[peer] = now + report.critical_slack_s
+        if report.heads:
+            self._peer_heads[peer] = (now, {c: (now - age, t) for c, (age, t) in report.heads.items()})
+        else:
+            self._peer_heads.pop(peer, None)
 
     def forget_peer(self, peer: str) -> None:
         """A peer is gone (its presence expired): what it held no longer holds ours back."""
         self._peer_held.pop(peer, None)
         self._peer_critical.pop(peer, None)
+        self._peer_heads.pop(peer, None)
+
+    def _peer_held_longer(self, cls: str, arrival_s: float, tokens: float, now: float) -> bool:
+        """Whether a peer's head of class `cls`, no larger than `tokens`, has been held longer than
+        a request of it that arrived at `arrival_s`, by more than the gate (see "Arrival order
+        across routers"), and the request has yielded for less than PEER_FIFO_YIELD gates. A peer
+        whose latest report is more than two report ages old missed a write (a holding router
+        writes every interval): its heads no longer count, so a frozen or cut-off peer holds nobody
+        back while its presence lasts."""
+        share = self.cfg.peer_fifo_share
+        if share is None or not self._peer_heads:
+            return False
+        gate = max(share * self._horizon_s, 2 * self.cfg.peer_report_s)
+        if now - arrival_s >= PEER_FIFO_YIELD * gate:
+            return False
+        before = arrival_s - gate
+        fresh = now - 2 * self.cfg.peer_report_s
+        for at, heads in self._peer_heads.values():
+            head = heads.get(cls)
+            if head is not None and head[0] < before and head[1] <= tokens and at >= fresh:
+                return True
+        return False
 
     def _peer_holds_above(self, rank: int) -> bool:
         """Whether some peer holds a class served before class rank `rank`."""
@@ -648,7 +731,8 @@ class AdmissionQueue:
         # demand leaves over, not what their admitted part does (which shrinks as they are
         # crowded out, and would let the lower classes crowd them out further).
         self._count(cls, place.prefill_tokens, remaining, now)
-        before = any(self._q[c] for c in CLASSES[:rank + 1]) or self._peer_holds_above(rank)
+        before = (any(self._q[c] for c in CLASSES[:rank + 1]) or self._peer_holds_above(rank)
+                  or self._peer_held_longer(cls, now, max(1.0, place.prefill_tokens), now))
         ttft_m = self.ttft_margin
         if rank == len(CLASSES) - 1 and any(now - self._refused_at[c] < self._horizon_s for c in CLASSES[:rank]):
             # A higher class was refused for want of capacity within the horizon: what this one
@@ -770,7 +854,8 @@ class AdmissionQueue:
             return [head] if crit else []  # type: ignore[list-item]
         urgent = sorted((q[0] for q in self._q.values() if q and self._urgent(q[0], now)),
                         key=lambda h: (self._last_start(h), _RANK[h.cls], h.arrival_s))
-        if head is None or head in urgent or self._peer_holds_above(_RANK[head.cls]):
+        if (head is None or head in urgent or self._peer_holds_above(_RANK[head.cls])
+                or self._peer_held_longer(head.cls, head.arrival_s, head.prefill_tokens, now)):
             return urgent
         return urgent + [head]
 

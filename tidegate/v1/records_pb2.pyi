@@ -354,7 +354,7 @@ class PoolLoad(_message.Message):
     def __init__(self, replicas: _Optional[_Mapping[str, ReplicaLoad]] = ..., learned: _Optional[_Iterable[_Union[LearnedBlocks, _Mapping]]] = ..., held: _Optional[_Union[HeldLoad, _Mapping]] = ..., released: _Optional[_Iterable[_Union[ReleasedBlocks, _Mapping]]] = ...) -> None: ...
 
 class HeldLoad(_message.Message):
-    __slots__ = ("tokens", "critical_slack_s")
+    __slots__ = ("tokens", "critical_slack_s", "heads")
     class TokensEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -362,11 +362,28 @@ class HeldLoad(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class HeadsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: HeldHead
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[HeldHead, _Mapping]] = ...) -> None: ...
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     CRITICAL_SLACK_S_FIELD_NUMBER: _ClassVar[int]
+    HEADS_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.ScalarMap[str, float]
     critical_slack_s: float
-    def __init__(self, tokens: _Optional[_Mapping[str, float]] = ..., critical_slack_s: _Optional[float] = ...) -> None: ...
+    heads: _containers.MessageMap[str, HeldHead]
+    def __init__(self, tokens: _Optional[_Mapping[str, float]] = ..., critical_slack_s: _Optional[float] = ..., heads: _Optional[_Mapping[str, HeldHead]] = ...) -> None: ...
+
+class HeldHead(_message.Message):
+    __slots__ = ("age_s", "prefill_tokens")
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    age_s: float
+    prefill_tokens: float
+    def __init__(self, age_s: _Optional[float] = ..., prefill_tokens: _Optional[float] = ...) -> None: ...
 
 class ReplicaLoad(_message.Message):
     __slots__ = ("queued_prefill", "waiting", "decoding", "kv", "placed_s", "budgets")
