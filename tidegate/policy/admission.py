@@ -162,18 +162,19 @@ order, while a peer's head of its class has been held longer than it by more tha
     gate = max(peer_fifo_share x the TTFT target, 2 x peer_report_s)
 
 It goes when the peer's report shows that head gone, when it is urgent itself, or when it has
-yielded for PEER_FIFO_YIELD (2) gates: a peer's head that can go goes at its router's next look
-and its next report says so, and one still held after that waits for room this request does not
-need (its prefix's replica, KV room), as a larger head may: only a peer's head no larger than the
+yielded for PEER_FIFO_YIELD (2) gates. A peer's head that can go goes at its router's next look,
+and its next report says so; one still held after that waits for room this request does not need
+(its prefix's replica, KV room). So may a larger head, so only a peer's head no larger than the
 request counts (a replica's prefill budget, an idle replica of its own router's). Holding this one
 back for those would idle the room it fits (Mooncake, 4 routers at 1.5x capacity: standard 0.6
-points lower without the yield limit over 64 runs, 1.3 lower without the size rule over 8). The gate's floor: a report is up to `peer_report_s` old, so a head
-that went after it still looks held; narrower, routers wait on each other's stale heads
-(conversation at a gate of 0.03 s: standard 55.7 % on seed 3). Only fresh reports count: a peer
-holding something reports every interval, and one silent for two report ages (frozen, cut off)
-holds nobody back while its presence lasts. The share is measured (0.05 and 0.2 cost Mooncake
-or conversation; docs/BENCHMARKS.md, "Arrival order across routers"). One router has no peers
-and decides as before.
+points lower without the yield limit over 64 runs, 1.3 lower without the size rule over 8).
+
+The gate's floor: a report is up to `peer_report_s` old, so a head that went after it still looks
+held; with a narrower gate routers wait on each other's stale heads (conversation at a gate of
+0.03 s: standard 55.7 % on seed 3). Only fresh reports count: a peer holding something reports
+every interval, and one silent for two report ages (frozen, cut off) holds nobody back while its
+presence lasts. The share and the yield limit are measured, not derived (docs/BENCHMARKS.md,
+"Arrival order across routers"). One router has no peers and decides as before.
 """
 
 from __future__ import annotations
