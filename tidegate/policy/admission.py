@@ -135,7 +135,8 @@ when a peer's presence ends), and
   class: it goes when that peer's requests have gone or when it is urgent itself (so a stale or
   lost report delays a request by at most its slack, never past its deadline). A peer holding
   the *same* class does not hold it back: every router would wait for another's head, and none
-  would go (measured: standard 43.7 %);
+  would go (measured: standard 43.7 %); only its older heads do, for a while ("Arrival order
+  across routers" below);
 - the critical-slack rule spans the routers: while a peer's critical head has less than
   2 x `urgent_s` of slack (its last start as reported: the receiver's clock at delivery plus the
   slack sent), only this router's own critical head may go. Without it, urgent lower-class
