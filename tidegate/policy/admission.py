@@ -598,16 +598,13 @@ class AdmissionQueue:
         share = self.cfg.peer_fifo_share
         if share is None or not self._peer_heads:
             return False
-        gate = max(share * self._horizon_s, 2 * self.cfg.peer_report_s)
+        stale_s = 2 * self.cfg.peer_report_s   # the gate's floor and a silent peer's limit alike
+        gate = max(share * self._horizon_s, stale_s)
         if now - arrival_s >= PEER_FIFO_YIELD * gate:
             return False
-        before = arrival_s - gate
-        fresh = now - 2 * self.cfg.peer_report_s
-        for at, heads in self._peer_heads.values():
-            head = heads.get(cls)
-            if head is not None and head[0] < before and head[1] <= tokens and at >= fresh:
-                return True
-        return False
+        before, fresh = arrival_s - gate, now - stale_s
+        return any(at >= fresh and (head := heads.get(cls)) is not None and head[0] < before and head[1] <= tokens
+                   for at, heads in self._peer_heads.values())
 
     def _peer_holds_above(self, rank: int) -> bool:
         """Whether some peer holds a class served before class rank `rank`."""
