@@ -81,6 +81,7 @@ from tidegate.fleetsim.workload import SimRequest
 from tidegate.policy import admission as adm
 from tidegate.policy.admission_budget import BudgetConfig, Hold, Tokens
 from tidegate.policy.classes import class_of
+from tidegate.policy.peer_queues import HeldReport
 from tidegate.policy.predict import Prediction
 from tidegate.policy.rates import RateEstimatorConfig
 from tidegate.policy.registry import (
@@ -791,7 +792,7 @@ class Simulation:
         self._push(self.now + self.cfg.propagation_s, _PEER_DELIVER, (k, report, held))
         self._push(self.now + self.cfg.peer_interval_s, _PEER_PUBLISH, k)  # type: ignore[operator]
 
-    def _peer_deliver(self, payload: tuple[int, dict, adm.HeldReport | None]) -> None:
+    def _peer_deliver(self, payload: tuple[int, dict, HeldReport | None]) -> None:
         k, report, held = payload
         for j, router in enumerate(self.routers):
             if j != k:

@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tidegate.policy import admission as adm
 from tidegate.policy.admission_budget import Hold, RouterBudget, Tokens
+from tidegate.policy.peer_queues import HeldReport
 from tidegate.policy.predict import Prediction
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, SloTargets, enforce_tpot_plan, expected_output
 from tidegate.router.http1 import Response
@@ -125,7 +126,7 @@ class Gate:
         self._keys = itertools.count()
         # Per pool, per peer router: its latest held report and when it came (our clock), kept
         # for a pool whose queue is created (or replaced) after the report.
-        self._peer_held: dict[str, dict[str, tuple[adm.HeldReport, float]]] = {}
+        self._peer_held: dict[str, dict[str, tuple[HeldReport, float]]] = {}
 
     @staticmethod
     def applies(policy: object) -> bool:
@@ -141,12 +142,12 @@ class Gate:
                 p.queue.on_peer_held(peer, report, at)
         return p
 
-    def held_reports(self) -> dict[str, adm.HeldReport]:
+    def held_reports(self) -> dict[str, HeldReport]:
         """Per pool whose queue holds something: what this router tells its peers."""
         now = self._clock()
         return {name: p.queue.held_report(now) for name, p in self._pools.items() if len(p.queue)}
 
-    def on_peer_held(self, peer: str, pool: str, report: adm.HeldReport | None) -> None:
+    def on_peer_held(self, peer: str, pool: str, report: HeldReport | None) -> None:
         """A peer router's latest held report for `pool` (None: it holds nothing there): a held
         request here may now go, or must let the peer's higher class go first."""
         now = self._clock()

@@ -32,8 +32,8 @@ from google.protobuf.message import DecodeError
 
 from tidegate import keys
 from tidegate.errors import StoreError
-from tidegate.policy.admission import HeldReport
 from tidegate.policy.peer_load import LearnedBlocks, PeerReport, ReleasedBlocks, ReplicaLoadReport
+from tidegate.policy.peer_queues import HeldReport
 from tidegate.store.api import KeyValue, Store
 from tidegate.store.lease import LeaseKeeper
 from tidegate.store.watchcache import WatchCache

@@ -13,8 +13,8 @@ import pytest
 import structlog
 
 from tidegate import keys
-from tidegate.policy.admission import HeldReport
 from tidegate.policy.peer_load import LearnedBlocks, PeerReport, ReleasedBlocks, ReplicaLoadReport
+from tidegate.policy.peer_queues import HeldReport
 from tidegate.policy.registry import PoolSnapshot, RequestFeatures, RouteInfo
 from tidegate.policy.slo_pick import TidegatePolicy
 from tidegate.router.peer_load import LoadPublisher, PeerLoadWatcher, held_reports, load_record, peer_reports

@@ -163,12 +163,13 @@ order, while a peer's head of its class has been held longer than it by more tha
     gate = max(peer_fifo_share x the TTFT target, 2 x peer_report_s)
 
 It goes when the peer's report shows that head gone, when it is urgent itself, or when it has
-yielded for PEER_FIFO_YIELD (2) gates. A peer's head that can go goes at its router's next look,
-and its next report says so; one still held after that waits for room this request does not need
-(its prefix's replica, KV room). So may a larger head, so only a peer's head no larger than the
-request counts (a replica's prefill budget, an idle replica of its own router's). Holding this one
-back for those would idle the room it fits (Mooncake, 4 routers at 1.5x capacity: standard 0.6
-points lower without the yield limit over 64 runs, 1.3 lower without the size rule over 8).
+yielded for PEER_FIFO_YIELD (2) gates (peer_queues.py, which keeps the peers' reports). A peer's
+head that can go goes at its router's next look, and its next report says so; one still held after
+that waits for room this request does not need (its prefix's replica, KV room). So may a larger
+head, so only a peer's head no larger than the request counts (a replica's prefill budget, an idle
+replica of its own router's). Holding this one back for those would idle the room it fits
+(Mooncake, 4 routers at 1.5x capacity: standard 0.6 points lower without the yield limit over 64
+runs, 1.3 lower without the size rule over 8).
 
 The gate's floor: a report is up to `peer_report_s` old, so a head that went after it still looks
 held; with a narrower gate routers wait on each other's stale heads (conversation at a gate of
@@ -186,6 +187,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tidegate.policy.classes import CLASSES, CRITICAL, SHEDDABLE, STANDARD
+from tidegate.policy.peer_queues import PEER_FIFO_SHARE, HeldReport, PeerQueues
 from tidegate.policy.predict import Prediction
 
 DISPATCH, HOLD, REJECT = "dispatch", "hold", "reject"
@@ -211,12 +213,6 @@ DEFAULT_DECIDE_S = 0.05
 # Waits measured per class for the committing margin (AdmissionConfig.decide_s): the latest few
 # hundred, a second or two of an overloaded router's holds; the quantile is taken every 16th.
 WAIT_SAMPLES, WAIT_EVERY = 256, 16
-# Arrival order across routers (AdmissionConfig.peer_fifo_share): how much longer than a request
-# a peer's head of its class must have been held to hold it back, as a share of the TTFT target.
-# Measured, not derived: see "Arrival order across routers" above.
-PEER_FIFO_SHARE = 0.1
-# ... and for how long a request yields to them, in gates (see "Arrival order across routers").
-PEER_FIFO_YIELD = 2.0
 # TTFT errors kept for the TTFT margin (as the TPOT plan margin keeps its TPOT errors: about a
 # thousand requests, refreshed every 16th), and how many it needs before it applies.
 TTFT_SAMPLES, TTFT_EVERY, TTFT_MIN_SAMPLES = 1024, 16, 32
@@ -444,28 +440,6 @@ class Decision:
     ttft_s: float = 0.0             # for dispatch: the TTFT it counted on (observe_ttft's prediction)
 
 
-@dataclass(frozen=True, slots=True)
-class HeldReport:
-    """What a router's queue tells its peers' (see "Class order across routers")."""
-
-    tokens: Mapping[str, float]             # prefill tokens held per class; classes holding none left out
-    critical_slack_s: float | None = None   # its critical head's last start - now at the report (None: none)
-    # Per class holding something: how long its head has been held at the report, and its prefill
-    # tokens (arrival order across routers).
-    heads: Mapping[str, tuple[float, float]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for c, t in self.tokens.items():
-            if c not in _RANK or not (t > 0 and math.isfinite(t)):
-                raise ValueError(f"admission: held tokens want a class and a finite value > 0, got {c!r}={t!r}")
-        for c, (age, t) in self.heads.items():
-            if c not in _RANK or not (age >= 0 and math.isfinite(age) and t > 0 and math.isfinite(t)):
-                raise ValueError(f"admission: a held head wants a class, a finite age >= 0 and finite tokens > 0, "
-                                 f"got {c!r}=({age!r}, {t!r})")
-        if self.critical_slack_s is not None and not math.isfinite(self.critical_slack_s):
-            raise ValueError(f"admission: critical_slack_s must be finite, got {self.critical_slack_s!r}")
-
-
 @dataclass(slots=True)
 class Held:
     key: object
@@ -522,13 +496,8 @@ class AdmissionQueue:
         self._ttft_errors: deque[float] = deque(maxlen=TTFT_SAMPLES)
         self._ttft_since = 0
         self.ttft_margin = 0.0
-        # Per peer router: the prefill tokens it holds per class, from its latest report.
-        self._peer_held: dict[str, dict[str, float]] = {}
-        # Per peer router holding critical requests: its critical head's last start, in our clock.
-        self._peer_critical: dict[str, float] = {}
-        # Per peer router: when its latest report came, and per class it holds its head's arrival
-        # (our clock) and prefill tokens.
-        self._peer_heads: dict[str, tuple[float, dict[str, tuple[float, float]]]] = {}
+        # What the peer routers' queues hold (the rules across routers).
+        self._peers = PeerQueues(self.cfg.peer_fifo_share, self.cfg.peer_report_s)
         # Per class: when a request of it was last refused for want of capacity (see "Higher
         # classes refused").
         self._refused_at: dict[str, float] = dict.fromkeys(CLASSES, -math.inf)
@@ -569,58 +538,19 @@ class AdmissionQueue:
 
     def on_peer_held(self, peer: str, report: HeldReport, now: float) -> None:
         """A peer router's latest `held_report`, received at `now` (replaces its previous one)."""
-        if report.tokens:
-            self._peer_held[peer] = dict(report.tokens)
-        else:
-            self._peer_held.pop(peer, None)
-        if report.critical_slack_s is None:
-            self._peer_critical.pop(peer, None)
-        else:
-            self._peer_critical[peer] = now + report.critical_slack_s
-        if report.heads:
-            self._peer_heads[peer] = (now, {c: (now - age, t) for c, (age, t) in report.heads.items()})
-        else:
-            self._peer_heads.pop(peer, None)
+        self._peers.on_report(peer, report, now)
 
     def forget_peer(self, peer: str) -> None:
         """A peer is gone (its presence expired): what it held no longer holds ours back."""
-        self._peer_held.pop(peer, None)
-        self._peer_critical.pop(peer, None)
-        self._peer_heads.pop(peer, None)
+        self._peers.forget(peer)
 
     def _peer_held_longer(self, cls: str, arrival_s: float, tokens: float, now: float) -> bool:
-        """Whether a peer's head of class `cls`, no larger than `tokens`, has been held longer than
-        a request of it that arrived at `arrival_s`, by more than the gate (see "Arrival order
-        across routers"), and the request has yielded for less than PEER_FIFO_YIELD gates. A peer
-        whose latest report is more than two report ages old missed a write (a holding router
-        writes every interval): its heads no longer count, so a frozen or cut-off peer holds nobody
-        back while its presence lasts."""
-        share = self.cfg.peer_fifo_share
-        if share is None or not self._peer_heads:
-            return False
-        stale_s = 2 * self.cfg.peer_report_s   # the gate's floor and a silent peer's limit alike
-        gate = max(share * self._horizon_s, stale_s)
-        if now - arrival_s >= PEER_FIFO_YIELD * gate:
-            return False
-        before, fresh = arrival_s - gate, now - stale_s
-        return any(at >= fresh and (head := heads.get(cls)) is not None and head[0] < before and head[1] <= tokens
-                   for at, heads in self._peer_heads.values())
-
-    def _peer_holds_above(self, rank: int) -> bool:
-        """Whether some peer holds a class served before class rank `rank`."""
-        above = CLASSES[:rank]
-        return any(c in held for held in self._peer_held.values() for c in above)
+        """Arrival order across routers: a peer's older head of this class holds the request back."""
+        return self._peers.held_longer(cls, arrival_s, tokens, now, self._horizon_s)
 
     def _peer_ahead(self, rank: int) -> float:
-        """Prefill tokens of the classes above rank `rank` that a peer holds beyond what this router
-        holds of them: a request of that rank does not go while a peer holds them (class order
-        across routers), so they are ahead of it. The largest peer's, not the sum: peers drain
-        their queues in parallel, as this router drains its own beside them."""
-        if rank == 0 or not self._peer_held:
-            return 0.0
-        above = CLASSES[:rank]
-        peer = max(sum(held.get(c, 0.0) for c in above) for held in self._peer_held.values())
-        return max(0.0, peer - sum(self._tokens[c] for c in above))
+        """What peers hold of the classes above rank `rank` beyond this router's own (PeerQueues.ahead)."""
+        return self._peers.ahead(rank, sum(self._tokens[c] for c in CLASSES[:rank]))
 
     def _observe(self, now: float) -> None:
         """Advances the service-rate estimate to `now`: the queue's state (held or empty) holds
@@ -730,7 +660,7 @@ class AdmissionQueue:
         # demand leaves over, not what their admitted part does (which shrinks as they are
         # crowded out, and would let the lower classes crowd them out further).
         self._count(cls, place.prefill_tokens, remaining, now)
-        before = (any(self._q[c] for c in CLASSES[:rank + 1]) or self._peer_holds_above(rank)
+        before = (any(self._q[c] for c in CLASSES[:rank + 1]) or self._peers.holds_above(rank)
                   or self._peer_held_longer(cls, now, max(1.0, place.prefill_tokens), now))
         ttft_m = self.ttft_margin
         if rank == len(CLASSES) - 1 and any(now - self._refused_at[c] < self._horizon_s for c in CLASSES[:rank]):
@@ -848,12 +778,11 @@ class AdmissionQueue:
         # its last start went or was rejected, or, committed (decide_s), waits to go late, when
         # holding this router back no longer saves its deadline: a report that has not caught up
         # with that does not stop this router. (Our own late committed head still goes first.)
-        window = 2 * self.cfg.urgent_s
-        if any(-window < last - now < window for last in self._peer_critical.values()):
+        if self._peers.critical_near(now, 2 * self.cfg.urgent_s):
             return [head] if crit else []  # type: ignore[list-item]
         urgent = sorted((q[0] for q in self._q.values() if q and self._urgent(q[0], now)),
                         key=lambda h: (self._last_start(h), _RANK[h.cls], h.arrival_s))
-        if (head is None or head in urgent or self._peer_holds_above(_RANK[head.cls])
+        if (head is None or head in urgent or self._peers.holds_above(_RANK[head.cls])
                 or self._peer_held_longer(head.cls, head.arrival_s, head.prefill_tokens, now)):
             return urgent
         return urgent + [head]
