@@ -11,7 +11,11 @@ The demand per pool (held + refused lately) goes into this router's presence rec
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import structlog
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from tidegate import codec, keys
 from tidegate.policy.admission_budget import RouterBudget, Tokens
@@ -54,6 +58,10 @@ class AdmissionBudgets:
             budget = self._pools[pool] = RouterBudget()
         return budget
 
+    def pools(self) -> dict[str, RouterBudget]:
+        """Every pool's budget this router knows (read-only use: metrics)."""
+        return dict(self._pools)
+
     def demand(self) -> dict[str, Tokens]:
         """Per pool: held now + refused since the last call (resets the refused part)."""
         out = {}
@@ -66,3 +74,32 @@ class AdmissionBudgets:
     async def run(self) -> None:
         if self.cache is not None:
             await self.cache.run()
+
+
+UNITS = ("prefill_tokens", "kv_tokens", "sequences")   # Tokens.values() order
+
+
+class BudgetCollector(Collector):
+    """This router's share of each pool's budget and what it holds of it, per unit, read at scrape
+    time from the ledger (no copy to keep in sync): how close the router is to refusing
+    (`budget_exhausted`, or holding in the admission queue). A pool without a share has no share
+    series: it admits on its other rules."""
+
+    def __init__(self, budgets: AdmissionBudgets) -> None:
+        self._budgets = budgets
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        share = GaugeMetricFamily("tidegate_router_admission_budget_share",
+                                  "This router's share of the pool's admission budget, per unit.",
+                                  labels=["model", "unit"])
+        held = GaugeMetricFamily("tidegate_router_admission_budget_held",
+                                 "What this router's admitted requests hold of the pool's budget now, per unit "
+                                 "(prefill_tokens until their first token).", labels=["model", "unit"])
+        for pool, b in sorted(self._budgets.pools().items()):
+            for unit, v in zip(UNITS, b.held.values(), strict=True):
+                held.add_metric([pool, unit], v)
+            if b.share is not None:
+                for unit, v in zip(UNITS, b.share.values(), strict=True):
+                    share.add_metric([pool, unit], v)
+        yield share
+        yield held

@@ -28,7 +28,7 @@ from tidegate.policy import registry
 from tidegate.policy.registry import SloTargets
 from tidegate.router import credentials, prompt_tokens
 from tidegate.router.admission import AdmissionMetrics, Gate
-from tidegate.router.admission_budgets import AdmissionBudgets
+from tidegate.router.admission_budgets import AdmissionBudgets, BudgetCollector
 from tidegate.router.app import MIB, build_app, make_session
 from tidegate.router.budget import RetryBudget
 from tidegate.router.frontdoor import (
@@ -275,6 +275,7 @@ async def serve(cfg: RouterConfig,
     store = EtcdStore(cfg.etcd, timeout_s=cfg.etcd_timeout_s, security=cfg.etcd_security())
     keeper = LeaseKeeper(store, PRESENCE_TTL_S)
     budgets = AdmissionBudgets(store, router_id)
+    metrics.registry.register(BudgetCollector(budgets))
     proxy.admission_budgets = budgets
     presence = PresencePublisher(keeper, router_id, cfg.region, f"http://{cfg.host}:{port}", inflight, tables,
                                  interval_s=PRESENCE_INTERVAL_S, budgets=budgets)

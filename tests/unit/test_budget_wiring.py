@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
 from tidegate import codec, keys
 from tidegate.controlplane.admission_budgets import BudgetPublisher
 from tidegate.controlplane.fleet import FleetState
 from tidegate.policy.admission_budget import Tokens
 from tidegate.policy.weights import WeightPolicyConfig
-from tidegate.router.admission_budgets import AdmissionBudgets
+from tidegate.router.admission_budgets import AdmissionBudgets, BudgetCollector
 from tidegate.store.api import Fence, KeyValue
 from tidegate.store.memory import InMemoryStore
 from tidegate.v1 import records_pb2
@@ -112,3 +115,32 @@ def test_presence_carries_error_streaks_and_demand() -> None:
     assert (d.prefill_tokens, d.kv_tokens, d.sequences) == (100, 300, 2)
     inflight.prune(keep=set())
     assert dict(inflight.error_streaks()) == {}
+
+
+def test_the_routers_share_and_what_it_holds_are_scraped_per_unit() -> None:
+    budgets = AdmissionBudgets(None, "r1")
+    registry = CollectorRegistry()
+    registry.register(BudgetCollector(budgets))
+
+    def scraped() -> dict[tuple[str, str, str], float]:
+        return {(s.name, s.labels["model"], s.labels["unit"]): s.value
+                for family in text_string_to_metric_families(generate_latest(registry).decode())
+                for s in family.samples}
+
+    assert scraped() == {}                               # no pool known yet
+    rec = records_pb2.AdmissionBudget(total=records_pb2.TokenBudget(prefill_tokens=4000, kv_tokens=9000,
+                                                                     sequences=20))
+    rec.share_by_router["r1"].CopyFrom(records_pb2.TokenBudget(prefill_tokens=1500, kv_tokens=4000, sequences=8))
+    budgets.apply(keys.admission("m"), KeyValue(keys.admission("m"), codec.encode(rec), 1))
+    hold = budgets.get("m").acquire_tokens(Tokens(700, 1000, 1))
+    got = scraped()
+    assert got[("tidegate_router_admission_budget_share", "m", "prefill_tokens")] == 1500
+    assert got[("tidegate_router_admission_budget_share", "m", "sequences")] == 8
+    assert got[("tidegate_router_admission_budget_held", "m", "prefill_tokens")] == 700
+    hold.first_token()                                   # its prefill gives its room back
+    assert scraped()[("tidegate_router_admission_budget_held", "m", "prefill_tokens")] == 0
+    assert scraped()[("tidegate_router_admission_budget_held", "m", "kv_tokens")] == 1000
+    budgets.apply(keys.admission("m"), None)             # the record went: no share, still what it holds
+    got = scraped()
+    assert ("tidegate_router_admission_budget_share", "m", "prefill_tokens") not in got
+    assert got[("tidegate_router_admission_budget_held", "m", "sequences")] == 1
