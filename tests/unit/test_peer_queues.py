@@ -32,7 +32,7 @@ def test_what_peers_hold_above_a_class(case: str, reports: list, rank: int, own_
                                        ahead: float) -> None:
     q = peers(*((f"router-{i}", HeldReport(r), 0.0) for i, r in enumerate(reports)))
     assert q.holds_above(rank) is holds, case
-    assert q.ahead(rank, own_above) == pytest.approx(ahead), case
+    assert q.ahead(rank, {"critical": own_above}) == pytest.approx(ahead), case
 
 
 @pytest.mark.parametrize(("case", "slack", "now", "near"), [
@@ -69,7 +69,7 @@ def test_off_or_forgotten_a_peer_holds_nothing_back() -> None:
     assert off.holds_above(STANDARD)                                    # class order still on
     q = peers(("router-1", report, 1.0))
     q.forget("router-1")
-    assert (q.holds_above(SHEDDABLE), q.ahead(SHEDDABLE, 0.0), q.critical_near(1.0, 0.5),
+    assert (q.holds_above(SHEDDABLE), q.ahead(SHEDDABLE, {}), q.critical_near(1.0, 0.5),
             q.held_longer("standard", 0.9, 1000.0, 1.0, 2.0)) == (False, 0.0, False, False)
     q.on_report("router-1", report, 1.0)
     q.on_report("router-1", HeldReport({}), 1.0)                        # it holds nothing now

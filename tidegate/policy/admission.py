@@ -550,7 +550,7 @@ class AdmissionQueue:
 
     def _peer_ahead(self, rank: int) -> float:
         """What peers hold of the classes above rank `rank` beyond this router's own (PeerQueues.ahead)."""
-        return self._peers.ahead(rank, sum(self._tokens[c] for c in CLASSES[:rank]))
+        return self._peers.ahead(rank, self._tokens)
 
     def _observe(self, now: float) -> None:
         """Advances the service-rate estimate to `now`: the queue's state (held or empty) holds

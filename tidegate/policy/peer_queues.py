@@ -13,9 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tidegate.policy.classes import CLASSES
-
-_RANK = {name: i for i, name in enumerate(CLASSES)}  # 0 = served first
+from tidegate.policy.classes import CLASSES, PRIORITY
 
 # Arrival order across routers (AdmissionConfig.peer_fifo_share): how much longer than a request
 # a peer's head of its class must have been held to hold it back, as a share of the TTFT target.
@@ -37,10 +35,10 @@ class HeldReport:
 
     def __post_init__(self) -> None:
         for c, t in self.tokens.items():
-            if c not in _RANK or not (t > 0 and math.isfinite(t)):
+            if c not in PRIORITY or not (t > 0 and math.isfinite(t)):
                 raise ValueError(f"admission: held tokens want a class and a finite value > 0, got {c!r}={t!r}")
         for c, (age, t) in self.heads.items():
-            if c not in _RANK or not (age >= 0 and math.isfinite(age) and t > 0 and math.isfinite(t)):
+            if c not in PRIORITY or not (age >= 0 and math.isfinite(age) and t > 0 and math.isfinite(t)):
                 raise ValueError(f"admission: a held head wants a class, a finite age >= 0 and finite tokens > 0, "
                                  f"got {c!r}=({age!r}, {t!r})")
         if self.critical_slack_s is not None and not math.isfinite(self.critical_slack_s):
@@ -90,16 +88,17 @@ class PeerQueues:
         above = CLASSES[:rank]
         return any(c in held for held in self._held.values() for c in above)
 
-    def ahead(self, rank: int, own_above: float) -> float:
-        """Prefill tokens of the classes above rank `rank` that a peer holds beyond `own_above`,
-        what this router holds of them: a request of that rank does not go while a peer holds
-        them (class order across routers), so they are ahead of it. The largest peer's, not the
-        sum: peers drain their queues in parallel, as this router drains its own beside them."""
+    def ahead(self, rank: int, own: Mapping[str, float]) -> float:
+        """Prefill tokens of the classes above rank `rank` that a peer holds beyond what this router
+        holds of them (`own`: its held prefill tokens per class): a request of that rank does not
+        go while a peer holds them (class order across routers), so they are ahead of it. The
+        largest peer's, not the sum: peers drain their queues in parallel, as this router drains
+        its own beside them."""
         if rank == 0 or not self._held:
             return 0.0
         above = CLASSES[:rank]
         peer = max(sum(held.get(c, 0.0) for c in above) for held in self._held.values())
-        return max(0.0, peer - own_above)
+        return max(0.0, peer - sum(own.get(c, 0.0) for c in above))
 
     def critical_near(self, now: float, window_s: float) -> bool:
         """Whether a peer's critical head's last start is within `window_s` of `now`, either side:
